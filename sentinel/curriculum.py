@@ -1,0 +1,119 @@
+"""What each training step trains on.
+
+`Curriculum` mixes three sources into a batch of tasks:
+- **mined**: tasks the generators made from recent failures (newest first, so tasks generated in
+  round r are trained on in round r+1);
+- **replay**: tasks the policy failed on earlier and has not mastered yet;
+- **base**: fresh draws from the families' base distribution (weighted by family), never a
+  held-out task.
+Tasks the policy has mastered (pass rate at least `mastery_threshold` over at least
+`mastery_min_samples` samples) are skipped. Interface (as prime-rl's samplers): `sample`,
+`observe`, `state_dict` / `load_state_dict`, `metrics`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sentinel.types import Task
+
+
+@dataclass
+class TaskStats:
+    attempts: int = 0
+    successes: int = 0
+
+    @property
+    def pass_rate(self) -> float:
+        return self.successes / self.attempts if self.attempts else 0.0
+
+
+class Curriculum:
+    def __init__(self, base_sampler: Callable[[random.Random], Task], *, mined_fraction: float,
+                 replay_fraction: float, mastery_threshold: float, mastery_min_samples: int,
+                 seed: int, excluded_ids: set[str] | None = None) -> None:
+        self.base_sampler = base_sampler
+        self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
+        self.mastery_threshold, self.mastery_min_samples = mastery_threshold, mastery_min_samples
+        self.excluded_ids = set(excluded_ids or ())
+        self.rng = random.Random(seed)
+        self.tasks: dict[str, Task] = {}
+        self.mined: list[str] = []  # generated task ids, oldest first
+        self.stats: dict[str, TaskStats] = {}
+        self._last: dict[str, int] = {"mined": 0, "replay": 0, "base": 0}
+
+    def add_mined(self, tasks: list[Task]) -> None:
+        for task in tasks:
+            if task.task_id not in self.tasks and task.task_id not in self.excluded_ids:
+                self.tasks[task.task_id] = task
+                self.mined.append(task.task_id)
+
+    def mastered(self, task_id: str) -> bool:
+        s = self.stats.get(task_id)
+        return (s is not None and s.attempts >= self.mastery_min_samples
+                and s.pass_rate >= self.mastery_threshold)
+
+    def _fresh_mined(self) -> list[str]:
+        """Unmastered generated tasks, newest first, untried before tried."""
+        pool = [t for t in reversed(self.mined) if not self.mastered(t)]
+        return sorted(pool, key=lambda t: self.stats.get(t, TaskStats()).attempts > 0)
+
+    def _replayable(self, exclude: set[str]) -> list[str]:
+        return [t for t, s in self.stats.items()
+                if t not in exclude and s.attempts and s.successes < s.attempts
+                and not self.mastered(t)]
+
+    def sample(self, n: int) -> list[Task]:
+        """`n` distinct tasks: mined, then replay, then base draws fill the rest."""
+        chosen: list[str] = self._fresh_mined()[: round(n * self.mined_fraction)]
+        n_mined = len(chosen)
+        replay = self._replayable(set(chosen))
+        self.rng.shuffle(replay)
+        chosen += replay[: round(n * self.replay_fraction)]
+        n_replay = len(chosen) - n_mined
+        seen = set(chosen)
+        for _ in range(50 * n):
+            if len(chosen) >= n:
+                break
+            task = self.base_sampler(self.rng)
+            if task.task_id in seen or task.task_id in self.excluded_ids:
+                continue
+            if self.mastered(task.task_id):
+                continue
+            self.tasks.setdefault(task.task_id, task)
+            chosen.append(task.task_id)
+            seen.add(task.task_id)
+        self._last = {"mined": n_mined, "replay": n_replay, "base": len(chosen) - n_mined - n_replay}
+        return [self.tasks[t] for t in chosen]
+
+    def observe(self, task_id: str, successes: int, attempts: int) -> None:
+        s = self.stats.setdefault(task_id, TaskStats())
+        s.attempts += attempts
+        s.successes += successes
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "curriculum/mined_in_batch": float(self._last["mined"]),
+            "curriculum/replay_in_batch": float(self._last["replay"]),
+            "curriculum/base_in_batch": float(self._last["base"]),
+            "curriculum/mined_pool": float(len(self.mined)),
+            "curriculum/mastered": float(sum(self.mastered(t) for t in self.stats)),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rng": self.rng.getstate(),
+            "mined": list(self.mined),
+            "tasks": {t: self.tasks[t].to_row() for t in self.mined},
+            "stats": {t: [s.attempts, s.successes] for t, s in self.stats.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.mined = list(state["mined"])
+        self.tasks.update({t: Task.from_row(row) for t, row in state["tasks"].items()})
+        self.stats = {t: TaskStats(a, s) for t, (a, s) in state["stats"].items()}

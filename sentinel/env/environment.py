@@ -1,0 +1,172 @@
+"""The multi-turn tool environment.
+
+An `Episode` holds one rollout in progress. The rollout backend asks it for the ids to condition
+on (`token_ids`) and a token budget for the next turn, samples a turn, and hands the sampled ids
+back with `add_policy_turn`. The episode decodes them, parses tool calls, runs the tools (with
+optional fault injection), and appends the observation ids with loss mask 0, until the policy
+answers, stops without a call, or hits the turn or token limit. Every turn becomes `Step` records
+that the reward and the analyzer read.
+
+A turn that is neither a call nor an answer ends the episode (as a chat model's final message
+would). A malformed call gets an error observation and the episode goes on, so recovering from
+one's own mistakes stays learnable.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sentinel.env.chat import ChatFormat
+from sentinel.env.parser import ParsedCall, ToolCallParser
+from sentinel.env.tools import BadArguments, Tool, ToolFailure, tool_schema
+from sentinel.types import Step, Task, Trajectory
+
+MAX_OBSERVATION_CHARS = 2000
+
+
+class FaultConfig(BaseModel):
+    """Tool fault injection: each call fails transiently with probability `rate`."""
+
+    model_config = ConfigDict(extra="forbid")
+    rate: float = Field(0.0, ge=0.0, le=1.0, description="probability a call fails")
+    timeout_share: float = Field(0.5, ge=0.0, le=1.0, description="share of faults that time out")
+    tools: list[str] | None = Field(None, description="tools subject to faults (None: all)")
+
+
+class EnvConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_turns: int = Field(6, ge=1, description="assistant turns before the episode is cut")
+    max_tokens: int = Field(512, ge=16, description="token budget of the whole episode")
+    max_turn_tokens: int = Field(64, ge=4, description="new tokens per assistant turn")
+    parser: str = Field("hermes", description="tool-call parser name")
+    faults: FaultConfig = Field(default_factory=FaultConfig)
+
+
+class Episode:
+    def __init__(self, task: Task, tools: dict[str, Tool], chat: ChatFormat,
+                 parser: ToolCallParser, config: EnvConfig, rng: random.Random) -> None:
+        self.task, self.tools, self.chat, self.parser = task, tools, chat, parser
+        self.config, self.rng = config, rng
+        schemas = [tool_schema(t) for t in tools.values()]
+        self.token_ids: list[int] = chat.prompt_ids(task.prompt, schemas)
+        self.prompt_len = len(self.token_ids)
+        self.loss_mask: list[int] = [0] * self.prompt_len
+        self.logprobs: list[float] = [0.0] * self.prompt_len
+        self.messages: list[dict[str, Any]] = [dict(m) for m in task.prompt]
+        self.steps: list[Step] = []
+        self.turns = 0
+        self.done = False
+        self.finish_reason = "max_turns"
+        self.answer: str | None = None
+
+    def turn_budget(self) -> int:
+        """How many tokens the next turn may have (0 when the episode is over)."""
+        if self.done:
+            return 0
+        return max(0, min(self.config.max_turn_tokens, self.config.max_tokens - len(self.token_ids)))
+
+    def _finish(self, reason: str) -> None:
+        self.done, self.finish_reason = True, reason
+
+    def _run_call(self, call: ParsedCall) -> Step:
+        step = Step(index=len(self.steps), text="", kind="tool_call", tool=call.name,
+                    arguments=call.arguments)
+        if call.error is not None:
+            step.kind, step.error, step.error_kind = "malformed", call.error, "parse"
+        elif call.name not in self.tools:
+            known = ", ".join(sorted(self.tools))
+            step.error, step.error_kind = f"unknown tool {call.name!r}; available: {known}", \
+                "unknown_tool"
+        else:
+            faults = self.config.faults
+            injected = (faults.rate > 0 and (faults.tools is None or call.name in faults.tools)
+                        and self.rng.random() < faults.rate)
+            try:
+                if injected:
+                    timeout = self.rng.random() < faults.timeout_share
+                    raise ToolFailure(
+                        f"{call.name} timed out; try again" if timeout
+                        else f"{call.name} is temporarily unavailable; try again",
+                        timeout=timeout)
+                step.observation = self.tools[call.name](**(call.arguments or {}))
+            except BadArguments as exc:
+                step.error, step.error_kind = str(exc), "bad_arguments"
+            except ToolFailure as exc:
+                step.error = str(exc)
+                step.error_kind = "timeout" if exc.timeout else "tool_error"
+        if step.error is not None:
+            step.observation = f"Error: {step.error}"
+        step.observation = (step.observation or "")[:MAX_OBSERVATION_CHARS]
+        return step
+
+    def add_policy_turn(self, ids: list[int], logprobs: list[float]) -> None:
+        """Append a sampled turn (its ids and sampling log-probs), then act on it."""
+        if self.done:
+            raise RuntimeError("episode is already finished")
+        ended_with_eos = bool(ids) and ids[-1] == self.chat.eos_token_id
+        self.token_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += list(logprobs)
+        text = self.chat.decode(ids[:-1] if ended_with_eos else ids)
+        self.messages.append({"role": "assistant", "content": text})
+        self.turns += 1
+        turn = self.parser.parse(text)
+
+        if turn.calls:
+            new_steps = [self._run_call(c) for c in turn.calls]
+        elif turn.answer is not None and turn.format_error is None:
+            new_steps = [Step(index=len(self.steps), text=text, kind="answer", answer=turn.answer)]
+        elif turn.format_error is not None:
+            new_steps = [Step(index=len(self.steps), text=text, kind="malformed",
+                              error=turn.format_error, error_kind="parse",
+                              observation=f"Error: {turn.format_error}")]
+        else:
+            new_steps = [Step(index=len(self.steps), text=text, kind="text")]
+        for i, step in enumerate(new_steps):
+            step.index, step.text, step.hallucinated = len(self.steps) + i, text, turn.hallucinated
+        self.steps += new_steps
+
+        if new_steps[0].kind == "answer":
+            self.answer = turn.answer
+            self._finish("answer")
+            return
+        if new_steps[0].kind == "text":
+            self._finish("stop" if ended_with_eos else "max_tokens")
+            return
+        observations = [s.observation or "" for s in new_steps]
+        obs_ids = self.chat.encode(
+            self.chat.observation_text(observations, turn_ended_with_eos=ended_with_eos))
+        self.messages += [{"role": "tool", "content": o} for o in observations]
+        self.token_ids += obs_ids
+        self.loss_mask += [0] * len(obs_ids)
+        self.logprobs += [0.0] * len(obs_ids)
+        if self.turns >= self.config.max_turns:
+            self._finish("max_turns")
+        elif self.turn_budget() < 4:
+            self._finish("max_tokens")
+
+    def trajectory(self, **fields: Any) -> Trajectory:
+        return Trajectory(
+            task_id=self.task.task_id, messages=self.messages, token_ids=self.token_ids,
+            loss_mask=self.loss_mask, logprobs=self.logprobs, steps=self.steps,
+            finish_reason=self.finish_reason, answer=self.answer, prompt_len=self.prompt_len,
+            **fields,
+        )
+
+
+def replay(task: Task, turns: list[str], tools: dict[str, Tool], chat: ChatFormat,
+           parser: ToolCallParser, config: EnvConfig) -> Trajectory:
+    """Run scripted assistant turns (a reference solution) through the environment, with no
+    faults, producing the token trajectory a policy would have produced; used for SFT."""
+    clean = config.model_copy(update={"faults": FaultConfig(), "max_tokens": 1 << 30,
+                                      "max_turns": max(config.max_turns, len(turns))})
+    episode = Episode(task, tools, chat, parser, clean, random.Random(0))
+    for text in turns:
+        if episode.done:
+            break
+        ids = chat.assistant_ids(text)
+        episode.add_policy_turn(ids, [0.0] * len(ids))
+    return episode.trajectory()

@@ -1,0 +1,83 @@
+"""Tools the policy can call.
+
+A tool is an object with a `name`, a `description`, a JSON-schema `parameters` dict (the form chat
+templates expect) and `__call__(**arguments) -> str`. It signals problems with two exceptions so
+the environment, the reward and the analyzer can tell them apart:
+
+- `BadArguments`: the call itself is wrong (missing/extra argument, wrong type, malformed
+  expression). The policy's fault.
+- `ToolFailure`: the call was fine but the tool failed (a service error, a timeout, an injected
+  fault). Retrying may work.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from sentinel.env.calculator import CalcError, calculate
+
+
+class BadArguments(ValueError):
+    """The arguments do not fit the tool's schema or cannot be interpreted."""
+
+
+class ToolFailure(RuntimeError):
+    """The tool could not answer this time (service error, timeout)."""
+
+    def __init__(self, message: str, *, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+
+
+class Tool(Protocol):
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    def __call__(self, **arguments: Any) -> str: ...
+
+
+def tool_schema(tool: Tool) -> dict[str, Any]:
+    """The OpenAI/Hermes function schema that chat templates render."""
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
+
+
+def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
+    """Validate arguments against the tool's (flat) JSON schema: required keys present, no unknown
+    keys, primitive types right. Raises `BadArguments` naming the problem."""
+    props: dict[str, Any] = tool.parameters.get("properties", {})
+    missing = [k for k in tool.parameters.get("required", []) if k not in arguments]
+    if missing:
+        raise BadArguments(f"missing argument(s) {', '.join(missing)} for {tool.name}")
+    unknown = [k for k in arguments if k not in props]
+    if unknown:
+        raise BadArguments(f"unknown argument(s) {', '.join(unknown)} for {tool.name}")
+    types = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+    for key, value in arguments.items():
+        expected = types.get(props[key].get("type", ""))
+        if expected is not None and not isinstance(value, expected):
+            raise BadArguments(f"argument {key!r} of {tool.name} must be {props[key]['type']}")
+
+
+class Calculator:
+    name = "calculator"
+    description = "Evaluate an integer arithmetic expression with + - * / and parentheses."
+    parameters: dict[str, Any] = {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "description": "e.g. 12*(3+4)"}},
+        "required": ["expression"],
+    }
+
+    def __call__(self, **arguments: Any) -> str:
+        check_arguments(self, arguments)
+        try:
+            return calculate(arguments["expression"])
+        except CalcError as exc:
+            raise BadArguments(str(exc)) from exc

@@ -1,0 +1,112 @@
+"""The embedded default policy: a tiny Llama built from a config, and a character-level tokenizer.
+
+Both are saved as an ordinary Hugging Face model directory (`config.json`, weights,
+`tokenizer.json`, a jinja2 chat template), and loaded back with `AutoModelForCausalLM` /
+`AutoTokenizer` exactly as a hub model is, so every code path is the one a real model takes.
+
+The tokenizer is character level (printable ASCII and newline) plus whole tokens for the
+structural markers of the chat and tool-call format (`<|im_start|>`, `<tool_call>`, the fixed JSON
+keys of a Hermes call, tool names, ...). A Hermes call then costs the tiny model about ten tokens,
+as it costs a real tokenizer, instead of ~70 characters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SPECIAL_TOKENS = ["<|pad|>", "<|im_start|>", "<|im_end|>", "<|unk|>"]
+STRUCTURAL_TOKENS = [
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<answer>", "</answer>",
+    '{"name": "', '", "arguments": ', '{"expression": "', '{"entity": "', '", "attribute": "',
+    '{"code": "', '"}}', "calculator", "lookup", "python", "system\n", "user\n", "assistant\n",
+]
+CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
+
+CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\ntools: "
+    "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class TinyPolicyConfig(BaseModel):
+    """Shape of the embedded tiny Llama."""
+
+    model_config = ConfigDict(extra="forbid")
+    hidden_size: int = Field(192, ge=8)
+    intermediate_size: int = Field(768, ge=8)
+    num_hidden_layers: int = Field(4, ge=1)
+    num_attention_heads: int = Field(6, ge=1)
+    max_position_embeddings: int = Field(1024, ge=64)
+    seed: int = 0
+
+
+def build_tokenizer() -> Any:
+    """The character-level `PreTrainedTokenizerFast` with the chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|unk|>"))
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
+    core.add_tokens([AddedToken(t, normalized=False, special=False) for t in STRUCTURAL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<|pad|>", eos_token="<|im_end|>",
+        bos_token="<|im_start|>", unk_token="<|unk|>", padding_side="left",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_policy(out_dir: str | Path, config: TinyPolicyConfig | None = None) -> Path:
+    """Create the tiny policy (random init, seeded) and save it as an HF model directory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = config or TinyPolicyConfig()
+    out = Path(out_dir)
+    tokenizer = build_tokenizer()
+    model_config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    torch.manual_seed(config.seed)
+    model = LlamaForCausalLM(model_config)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_policy(path_or_id: str | Path, *, device: str = "cpu", dtype: str = "float32") -> tuple:
+    """Load (model, tokenizer) from a local directory or a hub id, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path_or_id))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(path_or_id), dtype=getattr(torch, dtype))
+    model.to(device)
+    model.eval()
+    return model, tokenizer

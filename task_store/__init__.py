@@ -1,0 +1,9 @@
+"""Sentinel's run store: one DuckDB file per run, written one round per transaction.
+
+Takes and returns plain dicts; imports nothing from the rest of Sentinel. See docs/schema.md.
+"""
+
+from task_store.schema import SCHEMA_VERSION
+from task_store.store import SchemaVersionError, Store, StoreLockedError
+
+__all__ = ["SCHEMA_VERSION", "SchemaVersionError", "Store", "StoreLockedError"]

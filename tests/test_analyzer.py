@@ -1,0 +1,295 @@
+"""Tests of the failure taxonomy (`sentinel.analyzer`) on hand-built arith trajectories.
+
+The task is (3+4)*5: the reference makes two calculator calls (3+4 -> 7, 7*5 -> 35).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sentinel.analyzer import DETECTORS, FailureAnalyzer, cluster_key
+from sentinel.tasks import load_family
+from sentinel.types import FAILURE_MODES, Step, Task, Trajectory
+
+ARITH = load_family("arith")
+TASK: Task = ARITH.make_task({"expr": "(3+4)*5"})
+
+
+def call(i: int, expression: str, observation: str | None = None, **fields) -> Step:
+    return Step(
+        i,
+        f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}'
+        "</tool_call>",
+        "tool_call",
+        tool="calculator",
+        arguments={"expression": expression},
+        observation=observation,
+        **fields,
+    )
+
+
+def failed(i: int, expression: str, error_kind: str) -> Step:
+    return call(i, expression, f"Error: {error_kind}", error=error_kind, error_kind=error_kind)
+
+
+def answer(i: int, value: str) -> Step:
+    return Step(i, f"<answer>{value}</answer>", "answer", answer=value)
+
+
+def trajectory(steps: list, finish_reason: str = "answer", success: bool = False) -> Trajectory:
+    answers = [s.answer for s in steps if isinstance(s, Step) and s.kind == "answer"]
+    return Trajectory(
+        task_id=TASK.task_id,
+        messages=[],
+        token_ids=[],
+        loss_mask=[],
+        logprobs=[],
+        steps=steps,
+        finish_reason=finish_reason,
+        answer=answers[-1] if answers else None,
+        success=success,
+        round=4,
+    )
+
+
+def classify(steps: list, finish_reason: str = "answer", **kwargs):
+    analyzer = FailureAnalyzer({"arith": ARITH}, **kwargs)
+    return analyzer.classify(TASK, trajectory(steps, finish_reason))
+
+
+def test_every_mode_has_one_detector_and_wrong_answer_is_last():
+    assert sorted(DETECTORS) == sorted(FAILURE_MODES)
+    assert list(DETECTORS)[-1] == "wrong_answer"
+
+
+def test_success_is_not_a_failure():
+    steps = [call(0, "3+4", "7"), call(1, "7*5", "35"), answer(2, "35")]
+    assert FailureAnalyzer({"arith": ARITH}).classify(TASK, trajectory(steps, success=True)) is None
+
+
+CASES = {
+    "hallucinated_observation": (
+        [
+            call(0, "3+4", "7"),
+            Step(
+                1,
+                "<tool_response>35</tool_response>",
+                "tool_call",
+                tool="calculator",
+                arguments={"expression": "7*5"},
+                observation="35",
+                hallucinated=True,
+            ),
+            answer(2, "34"),
+        ],
+        "answer",
+        1,
+    ),
+    "format_error": (
+        [
+            call(0, "3+4", "7"),
+            Step(
+                1,
+                "<tool_call>{7*5",
+                "malformed",
+                error="unbalanced <tool_call> tags",
+                error_kind="parse",
+            ),
+            Step(
+                2,
+                "<tool_call>{oops}</tool_call>",
+                "malformed",
+                error="invalid JSON",
+                error_kind="parse",
+            ),
+        ],
+        "max_turns",
+        1,
+    ),
+    "unknown_tool": (
+        [
+            call(0, "3+4", "7"),
+            Step(
+                1,
+                "",
+                "tool_call",
+                tool="multiply",
+                arguments={"a": 7, "b": 5},
+                error="unknown tool 'multiply'",
+                error_kind="unknown_tool",
+            ),
+            answer(2, "34"),
+        ],
+        "answer",
+        1,
+    ),
+    "bad_arguments": (
+        [call(0, "3+4", "7"), failed(1, "7*", "bad_arguments"), answer(2, "34")],
+        "answer",
+        1,
+    ),
+    "loop": (
+        [call(0, "3+4", "7"), call(1, "3+4", "7"), call(2, "3+4", "7"), call(3, "3+4", "7")],
+        "max_turns",
+        1,
+    ),
+    "tool_error_unrecovered": (
+        [call(0, "3+4", "7"), failed(1, "7*5", "timeout"), answer(2, "36")],
+        "answer",
+        1,
+    ),
+    "no_answer": (
+        [call(0, "3+4", "7"), call(1, "7*5", "35")],
+        "max_turns",
+        1,
+    ),
+    "premature_answer": (
+        [call(0, "3+4", "7"), answer(1, "7")],
+        "answer",
+        1,
+    ),
+    "wrong_answer": (
+        # The 7*6 call is where it went wrong (locate_error), not the answer step.
+        [call(0, "3+4", "7"), call(1, "7*6", "42"), answer(2, "42")],
+        "answer",
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(CASES))
+def test_each_mode_detected_with_first_error_step(mode):
+    steps, finish_reason, first = CASES[mode]
+    failure = classify(steps, finish_reason)
+    assert failure is not None
+    assert (failure.mode, failure.first_error_step) == (mode, first)
+    assert failure.evidence and len(failure.evidence) <= 200
+    assert failure.task_id == TASK.task_id and failure.round == 4
+    assert failure.skills == TASK.skills and failure.family == "arith"
+
+
+def test_evidence_quotes_the_offending_step():
+    failure = classify(*CASES["unknown_tool"][:2])
+    assert "multiply" in failure.evidence and "step 1" in failure.evidence
+    failure = classify(*CASES["bad_arguments"][:2])
+    assert "7*" in failure.evidence
+
+
+def test_wrong_final_answer_points_at_the_answer_step():
+    failure = classify([call(0, "3+4", "7"), call(1, "7*5", "35"), answer(2, "34")])
+    assert (failure.mode, failure.first_error_step) == ("wrong_answer", 2)
+    assert "'34'" in failure.evidence and "'35'" in failure.evidence
+
+
+def test_recovered_mistakes_are_not_the_cause():
+    # Unknown tool, then the right calls, then a wrong answer: the answer is what failed.
+    unknown = Step(
+        0,
+        "",
+        "tool_call",
+        tool="mul",
+        arguments={},
+        error="unknown tool 'mul'",
+        error_kind="unknown_tool",
+    )
+    failure = classify([unknown, call(1, "3+4", "7"), call(2, "7*5", "35"), answer(3, "34")])
+    assert failure.mode == "wrong_answer"
+    # A parse error followed by well-formed steps is not a format error.
+    malformed = Step(0, "<tool_call>{", "malformed", error="invalid JSON", error_kind="parse")
+    failure = classify([malformed, call(1, "3+4", "7"), call(2, "7*5", "35"), answer(3, "34")])
+    assert failure.mode == "wrong_answer"
+    # Retrying after transient failures is recovery, not a loop.
+    steps = [
+        failed(0, "3+4", "timeout"),
+        failed(1, "3+4", "tool_error"),
+        call(2, "3+4", "7"),
+        call(3, "7*5", "35"),
+        answer(4, "34"),
+    ]
+    assert classify(steps).mode == "wrong_answer"
+
+
+def test_text_turn_ending_the_episode_is_a_format_error():
+    steps = [call(0, "3+4", "7"), Step(1, "so it is 35", "text")]
+    failure = classify(steps, "stop")
+    assert (failure.mode, failure.first_error_step) == ("format_error", 1)
+
+
+def test_priority_hallucination_over_everything_and_loop_over_no_answer():
+    steps = [
+        Step(0, "<tool_response>7</tool_response>", "text", hallucinated=True),
+    ]
+    assert classify(steps, "stop").mode == "hallucinated_observation"
+    # An unrecovered unknown tool, repeated: the unknown name is the more specific cause.
+    unknown = [
+        Step(i, "", "tool_call", tool="mul", arguments={"a": 1}, error_kind="unknown_tool")
+        for i in range(3)
+    ]
+    failure = classify(unknown, "max_turns")
+    assert (failure.mode, failure.first_error_step) == ("unknown_tool", 0)
+    # A shorter loop threshold.
+    steps = [call(0, "3+4", "7"), call(1, "3+4", "7")]
+    assert classify(steps, "max_turns", loop_repeats=2).mode == "loop"
+    assert classify(steps, "max_turns").mode == "no_answer"
+    with pytest.raises(ValueError, match="loop_repeats"):
+        FailureAnalyzer({}, loop_repeats=1)
+
+
+def test_premature_needs_the_family_and_caches_the_reference():
+    analyzer = FailureAnalyzer({"arith": ARITH})
+    analyzer.classify(TASK, trajectory([answer(0, "7")]))
+    assert analyzer.reference_calls(TASK) == 2
+    # Without the family the reference is unknown, so only wrong_answer can say what happened.
+    failure = FailureAnalyzer({}).classify(TASK, trajectory([answer(0, "7")]))
+    assert (failure.mode, failure.first_error_step) == ("wrong_answer", 0)
+
+
+def test_empty_trajectory_is_no_answer():
+    failure = classify([], "max_tokens")
+    assert (failure.mode, failure.first_error_step) == ("no_answer", None)
+
+
+def test_garbage_never_crashes():
+    garbage = [
+        [Step(None, None, None)],  # type: ignore[arg-type]
+        [
+            Step(
+                0,
+                "x" * 5000,
+                "tool_call",
+                tool=None,
+                arguments=["not", "a", "dict"],
+                error_kind="weird",
+            )
+        ],  # type: ignore[arg-type]
+        [Step("3", "\x00\ufffd", "answer", answer=5)],  # type: ignore[arg-type]
+        [None, 42, Step(1, "", "malformed")],
+        [Step(0, "", "tool_call", tool=["list"], arguments={"a": {1, 2}}) for _ in range(4)],
+        [
+            Step(
+                0,
+                "",
+                "tool_call",
+                tool="calculator",
+                arguments={"expression": None},
+                observation=None,
+                hallucinated="yes",
+            )
+        ],  # type: ignore[arg-type]
+    ]
+    for steps in garbage:
+        for finish_reason in ("answer", "stop", "max_turns", "nonsense"):
+            traj = trajectory(steps, finish_reason)
+            traj.answer = "🙂" * 300 if finish_reason == "answer" else None
+            failure = FailureAnalyzer({"arith": ARITH}).classify(TASK, traj)
+            assert failure is not None and failure.mode in FAILURE_MODES
+            assert len(failure.evidence) <= 200
+    traj = trajectory([], "stop")
+    traj.steps = None  # type: ignore[assignment]
+    assert FailureAnalyzer({"arith": ARITH}).classify(TASK, traj).mode == "no_answer"
+
+
+def test_cluster_key_groups_by_family_sorted_skills_and_mode():
+    failure = classify(*CASES["premature_answer"][:2])
+    failure.skills = ["steps:2", "op:add", "parens"]
+    assert cluster_key(failure) == ("arith", ("op:add", "parens", "steps:2"), "premature_answer")

@@ -1,0 +1,358 @@
+"""Tests for `trainers` on a tiny real Llama (no mocks): maths checked by hand, then behaviour."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pydantic
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from sentinel.types import Trajectory
+from trainers import (
+    GRPOConfig,
+    GRPOTrainer,
+    SFTConfig,
+    SFTTrainer,
+    aggregate_loss,
+    group_advantages,
+    grpo_token_loss,
+    logprobs_from_logits,
+    pad_batch,
+    sft_loss,
+    token_logprobs,
+)
+
+PAD = 0
+VOCAB = 64
+
+
+@pytest.fixture
+def model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(cfg).eval()
+
+
+def current_logprobs(model: torch.nn.Module, ids: list[int], temperature: float) -> list[float]:
+    """Sampling-style log-probs of `ids` under `model` now (what a rollout would have stored)."""
+    with torch.no_grad():
+        lp = token_logprobs(
+            model, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), temperature
+        )
+    return lp[0].tolist()
+
+
+def make_traj(
+    model: torch.nn.Module,
+    ids: list[int],
+    mask: list[int],
+    temperature: float,
+    group_id: str = "g",
+) -> Trajectory:
+    lp = current_logprobs(model, ids, temperature)
+    return Trajectory(
+        task_id="t",
+        messages=[],
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=[x if m else 0.0 for x, m in zip(lp, mask, strict=True)],
+        steps=[],
+        finish_reason="answer",
+        group_id=group_id,
+    )
+
+
+def varied_batch(model: torch.nn.Module, temperature: float, n: int = 8) -> list[Trajectory]:
+    """`n` two-turn trajectories of different lengths: prompt, turn, observation, turn."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(n):
+        parts = [(3 + i % 3, 0), (2 + i % 2, 1), (3, 0), (1 + i % 4, 1)]
+        ids: list[int] = []
+        mask: list[int] = []
+        for length, m in parts:
+            ids += torch.randint(1, VOCAB, (length,), generator=g).tolist()
+            mask += [m] * length
+        out.append(make_traj(model, ids, mask, temperature, group_id=f"g{i // 4}"))
+    return out
+
+
+# --- group_advantages -------------------------------------------------------------------------
+
+
+def test_group_advantages_each_scale_mode() -> None:
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    groups = ["a", "a", "a", "b", "b", "b"]
+    third = 1 / 3
+    centred = [2 * third, -third, -third, -2 * third, third, third]
+    assert group_advantages(rewards, groups, scale="none") == pytest.approx(centred)
+    # Group [1, 0, 0]: sample variance ((2/3)^2 + 2 * (1/3)^2) / 2 = 1/3 (same for [0, 1, 1]).
+    group_std = math.sqrt(1 / 3)
+    assert group_advantages(rewards, groups, scale="group") == pytest.approx(
+        [a / (group_std + 1e-4) for a in centred]
+    )
+    # Whole batch: mean 0.5, sample variance 6 * 0.25 / 5 = 0.3.
+    batch_std = math.sqrt(0.3)
+    assert group_advantages(rewards, groups, scale="batch") == pytest.approx(
+        [a / (batch_std + 1e-4) for a in centred]
+    )
+
+
+def test_group_advantages_zero_variance_and_interleaved_groups() -> None:
+    for scale in ("group", "batch", "none"):
+        assert group_advantages([0.7, 0.7, 0.7], ["x", "x", "x"], scale=scale) == [0.0] * 3
+    # Non-contiguous groups; group "b" has zero variance while "a" does not.
+    adv = group_advantages([1.0, 0.5, 0.0, 0.5], ["a", "b", "a", "b"])
+    assert adv[1] == 0.0
+    assert adv[3] == 0.0
+    assert adv[0] == pytest.approx(-adv[2])
+    assert adv[0] > 0
+    with pytest.raises(ValueError, match="group ids"):
+        group_advantages([1.0], ["a", "b"])
+
+
+# --- common -----------------------------------------------------------------------------------
+
+
+def test_pad_batch_right_pads_and_aligns() -> None:
+    b = pad_batch([[5, 6, 7], [8]], PAD, masks=[[0, 1, 1], [1]], logprobs=[[0, -1, -2], [-3]])
+    assert b["input_ids"].tolist() == [[5, 6, 7], [8, PAD, PAD]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert b["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert b["old_logprobs"].dtype == torch.float32
+    assert b["old_logprobs"].tolist() == [[0, -1, -2], [-3, 0, 0]]
+    with pytest.raises(ValueError, match="aligned"):
+        pad_batch([[1, 2]], PAD, masks=[[1]])
+
+
+def test_token_logprobs_matches_hand_computation(model: LlamaForCausalLM) -> None:
+    seqs = [[1, 5, 9, 3, 7], [2, 4, 6]]
+    batch = pad_batch(seqs, PAD)
+    temperature = 0.7
+    with torch.no_grad():
+        logp, ent = token_logprobs(
+            model, batch["input_ids"], batch["attention_mask"], temperature, with_entropy=True
+        )
+        for b, seq in enumerate(seqs):
+            logits = model(torch.tensor([seq])).logits[0]
+            for i in range(1, len(seq)):
+                dist = torch.log_softmax(logits[i - 1] / temperature, dim=-1)
+                assert logp[b, i].item() == pytest.approx(dist[seq[i]].item(), abs=1e-5)
+                hand_ent = -(dist.exp() * dist).sum().item()
+                assert ent[b, i].item() == pytest.approx(hand_ent, abs=1e-5)
+    assert logp[:, 0].tolist() == [0.0, 0.0]
+    assert logp[1, 3:].tolist() == [0.0, 0.0]  # padding
+    assert (logp[0, 1:] < 0).all()
+
+
+# --- GRPO maths -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "dr_grpo"])
+def test_grpo_loss_at_ratio_one_is_minus_mean_advantage(
+    model: LlamaForCausalLM, loss_agg: str
+) -> None:
+    cfg = GRPOConfig(lr=1e-3, loss_agg=loss_agg, max_completion_tokens=16)
+    trajs = varied_batch(model, cfg.temperature, n=4)
+    adv = [1.0, -0.5, 0.25, 0.0]
+    n = [t.n_policy_tokens for t in trajs]
+    if loss_agg == "token-mean":
+        expected = -sum(a * k for a, k in zip(adv, n, strict=True)) / sum(n)
+    elif loss_agg == "seq-mean-token-mean":
+        expected = -sum(adv) / len(adv)
+    else:
+        expected = -sum(a * k for a, k in zip(adv, n, strict=True)) / (len(adv) * 16)
+    before = [p.detach().clone() for p in model.parameters()]
+    metrics = GRPOTrainer(model, cfg, PAD).step(trajs, adv)
+    assert metrics["loss"] == pytest.approx(expected, abs=1e-5)
+    assert metrics["clip_ratio"] == 0.0
+    assert metrics["n_tokens"] == sum(n)
+    assert metrics["entropy"] > 0
+    assert metrics["grad_norm"] > 0
+    assert "kl" not in metrics
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert not model.training  # put back in eval mode for the next rollouts
+
+
+def test_grpo_token_loss_clipping_by_hand() -> None:
+    cfg = GRPOConfig(epsilon_low=0.2, epsilon_high=0.3)
+    old = torch.zeros(1, 4)
+    new = torch.log(torch.tensor([[1.0, 1.5, 0.5, 1.5]]))  # ratios 1, 1.5, 0.5, 1.5
+    mask = torch.tensor([[0, 1, 1, 1]])
+    pos = grpo_token_loss(new, old, torch.tensor([2.0]), mask, cfg)
+    # A > 0: ratio 1.5 is clipped to 1.3; ratio 0.5 is not clipped (min picks 0.5 * A).
+    assert pos[0].tolist() == pytest.approx([0.0, -2.6, -1.0, -2.6])
+    neg = grpo_token_loss(new, old, torch.tensor([-2.0]), mask, cfg)
+    # A < 0: ratio 0.5 is clipped to 0.8; ratio 1.5 is not (min picks 1.5 * A).
+    assert neg[0].tolist() == pytest.approx([0.0, 3.0, 1.6, 3.0])
+    per_seq = aggregate_loss(pos, mask, "seq-mean-token-mean", 3, 2, 8)
+    assert per_seq.item() == pytest.approx((-6.2 / 3) / 2)
+
+
+def test_observation_tokens_get_exactly_zero_gradient_pure() -> None:
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 2, 3, 10, 11, 20, 21, 22, 12, 13]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0, 1, 1]])
+    logits = torch.randn(1, ids.shape[1], VOCAB, requires_grad=True)
+    cfg = GRPOConfig(beta=0.1)
+    new = logprobs_from_logits(logits, ids, cfg.temperature)
+    old = torch.where(mask.bool(), new.detach() + 0.3 * torch.randn_like(new), 0.0)
+    ref = new.detach() + 0.1
+    per_token = grpo_token_loss(new, old, torch.tensor([1.5]), mask, cfg, ref_logp=ref)
+    aggregate_loss(per_token, mask, "token-mean", int(mask.sum()), 1, 256).backward()
+    grad = logits.grad[0]
+    for i in range(1, ids.shape[1]):  # logit row i - 1 predicts token i
+        if mask[0, i]:
+            assert grad[i - 1].abs().sum() > 0
+        else:
+            assert torch.equal(grad[i - 1], torch.zeros(VOCAB))
+    assert torch.equal(grad[-1], torch.zeros(VOCAB))  # the last row predicts nothing
+
+
+def test_observation_tokens_get_exactly_zero_gradient_in_trainer(model: LlamaForCausalLM) -> None:
+    cfg = GRPOConfig()
+    ids = [1, 2, 3, 10, 11, 20, 21, 22, 12, 13]
+    mask = [0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+    short = make_traj(model, [4, 5, 6, 7], [0, 0, 1, 1], cfg.temperature)
+    traj = make_traj(model, ids, mask, cfg.temperature)
+    captured: list[torch.Tensor] = []
+
+    def keep_logits(_module: torch.nn.Module, _inp: object, out: torch.Tensor) -> None:
+        out.retain_grad()
+        captured.append(out)
+
+    handle = model.lm_head.register_forward_hook(keep_logits)
+    try:
+        GRPOTrainer(model, cfg, PAD).accumulate_gradients([traj, short], [1.0, -1.0])
+    finally:
+        handle.remove()
+    (logits,) = captured
+    grad = logits.grad[0]
+    for i in range(1, len(ids)):
+        if mask[i]:
+            assert grad[i - 1].abs().sum() > 0
+        else:
+            assert torch.equal(grad[i - 1], torch.zeros(VOCAB))
+    # The shorter row is padded: rows past its last policy token get nothing either.
+    assert torch.equal(logits.grad[1, 3:], torch.zeros_like(logits.grad[1, 3:]))
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "dr_grpo"])
+def test_micro_batching_gives_full_batch_gradients(model: LlamaForCausalLM, loss_agg: str) -> None:
+    cfg = GRPOConfig(loss_agg=loss_agg, micro_batch_size=8)
+    trajs = varied_batch(model, cfg.temperature, n=8)
+    # Move old log-probs off-policy so ratios differ from 1 and some tokens are clipped.
+    g = torch.Generator().manual_seed(2)
+    for t in trajs:
+        noise = (0.5 * torch.randn(len(t.logprobs), generator=g)).tolist()
+        t.logprobs = [
+            x + e if m else 0.0 for x, e, m in zip(t.logprobs, noise, t.loss_mask, strict=True)
+        ]
+    adv = group_advantages([1, 0, 0, 1, 0, 0, 0, 1], [t.group_id for t in trajs])
+    grads = {}
+    stats = {}
+    for mbs in (2, 8):
+        m = copy.deepcopy(model)
+        trainer = GRPOTrainer(m, cfg.model_copy(update={"micro_batch_size": mbs}), PAD)
+        stats[mbs] = trainer.accumulate_gradients(trajs, adv)
+        grads[mbs] = [p.grad.clone() for p in m.parameters()]
+    assert stats[2]["clip_ratio"] > 0
+    assert stats[2]["loss"] == pytest.approx(stats[8]["loss"], abs=1e-6)
+    for a, b in zip(grads[2], grads[8], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_kl_penalty_against_reference(model: LlamaForCausalLM) -> None:
+    with pytest.raises(ValueError, match="ref_model"):
+        GRPOTrainer(model, GRPOConfig(beta=0.1), PAD)
+    ref = copy.deepcopy(model)
+    cfg = GRPOConfig(beta=0.1, lr=1e-2, num_iterations=2)
+    trajs = varied_batch(model, cfg.temperature, n=4)
+    metrics = GRPOTrainer(model, cfg, PAD, ref_model=ref).step(trajs, [1.0, -1.0, 0.5, -0.5])
+    # Pass 1 is at the reference (k3 = 0), pass 2 after one step away from it (k3 > 0).
+    assert metrics["kl"] > 0
+    assert all(not p.requires_grad for p in ref.parameters())
+
+
+def test_configs_reject_bad_values_with_reasons() -> None:
+    with pytest.raises(pydantic.ValidationError, match="steps must be >= 0"):
+        SFTConfig(steps=-1)
+    with pytest.raises(pydantic.ValidationError, match="batch_size must be >= 1"):
+        SFTConfig(batch_size=0)
+    with pytest.raises(pydantic.ValidationError, match="lr must be > 0"):
+        SFTConfig(lr=0)
+    with pytest.raises(pydantic.ValidationError, match="extra"):
+        SFTConfig(epochs=3)
+    with pytest.raises(pydantic.ValidationError, match="1 - epsilon_low stays positive"):
+        GRPOConfig(epsilon_low=1.0)
+    with pytest.raises(pydantic.ValidationError, match="micro_batch_size must be >= 1"):
+        GRPOConfig(micro_batch_size=0)
+    with pytest.raises(pydantic.ValidationError):
+        GRPOConfig(loss_agg="sum")
+
+
+# --- behaviour --------------------------------------------------------------------------------
+
+
+def test_sft_memorises_and_trains_only_masked_tokens(model: LlamaForCausalLM) -> None:
+    g = torch.Generator().manual_seed(3)
+    examples = []
+    for _ in range(4):
+        ids = torch.randint(1, VOCAB, (10,), generator=g).tolist()
+        examples.append((ids, [0] * 4 + [1] * 6))
+
+    # The loss is the CE over mask-1 targets only, and mask-0 targets get exactly no gradient.
+    batch = pad_batch([e[0] for e in examples], PAD, masks=[e[1] for e in examples])
+    logits = model(batch["input_ids"]).logits.detach().requires_grad_(True)
+    loss, n = sft_loss(logits, batch["input_ids"], batch["loss_mask"])
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    assert n == 24
+    assert loss.item() == pytest.approx(-logp[:, 3:].mean().item(), abs=1e-5)
+    loss.backward()
+    assert torch.equal(logits.grad[:, :3], torch.zeros_like(logits.grad[:, :3]))
+    assert (logits.grad[:, 3:9].abs().sum(-1) > 0).all()
+
+    seen: list[tuple[int, dict[str, float]]] = []
+    cfg = SFTConfig(steps=60, batch_size=4, lr=1e-2, warmup_steps=5)
+    final = SFTTrainer(model, cfg, PAD).train(examples, on_step=lambda s, m: seen.append((s, m)))
+    assert [s for s, _ in seen] == list(range(1, 61))
+    first = seen[0][1]["loss"]
+    assert final["loss"] < 0.1 * first
+    assert final["tokens_per_s"] > 0
+    assert final["steps"] == 60
+
+    with torch.no_grad():
+        logits = model(batch["input_ids"]).logits
+    logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    # Answers are memorised; the never-trained prompt tokens stay unpredictable.
+    assert -logp[:, 3:].mean().item() < 0.5
+    assert -logp[:, :3].mean().item() > 2.0
+
+
+def test_grpo_raises_probability_of_rewarded_continuation(model: LlamaForCausalLM) -> None:
+    prompt = [1, 2, 3]
+    cfg = GRPOConfig(lr=1e-2, temperature=1.0)
+    trainer = GRPOTrainer(model, cfg, PAD)
+
+    def p_next(token: int) -> float:
+        return math.exp(current_logprobs(model, [*prompt, token], 1.0)[-1])
+
+    p5, p7 = p_next(5), p_next(7)
+    for _ in range(20):
+        # Fresh on-policy log-probs each round, as a rollout would store them.
+        trajs = [make_traj(model, [*prompt, tok], [0, 0, 0, 1], 1.0) for tok in (5, 5, 7, 7)]
+        rewards = [1.0, 1.0, 0.0, 0.0]
+        trainer.step(trajs, group_advantages(rewards, [t.group_id for t in trajs]))
+    assert p_next(5) > max(0.5, 10 * p5)
+    assert p_next(7) < p7

@@ -1,0 +1,348 @@
+"""GRPO: group-relative policy optimisation on multi-turn, token-in/token-out trajectories.
+
+Design (DeepSeekMath GRPO as implemented by trl, with DAPO's asymmetric clip and Dr. GRPO's
+constant normaliser as options):
+
+- Advantages come from the caller (`group_advantages`): reward minus the mean of the trajectory's
+  group, optionally divided by a std. One scalar per trajectory, broadcast to its tokens.
+- Only tokens with `loss_mask == 1` (the policy's own turns) are trained; prompt and tool
+  observation tokens are context and get exactly zero gradient, also when they sit between turns.
+- The importance ratio is `exp(new - old)` where `old` is the sampling log-prob stored in the
+  trajectory at rollout time, and `new` is recomputed at the same sampling temperature. Using the
+  sampler's log-probs (not a fresh no-grad pass) also corrects for sampler/trainer mismatch.
+- Per token: `-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) + beta * k3`, with the k3 KL
+  estimator `exp(ref - new) - (ref - new) - 1` against a frozen reference model when `beta > 0`.
+- Aggregation (`loss_agg`): "token-mean" (sum over all masked tokens of the batch / their count),
+  "seq-mean-token-mean" (mean over trajectories of each one's token mean) or "dr_grpo"
+  (sum / (n_trajectories * max_completion_tokens)). Micro-batches are backpropagated with the
+  normaliser of the whole batch, so accumulated gradients equal those of the full-batch loss.
+- `num_iterations` passes over the same batch, one AdamW step (after grad-norm clipping) per pass.
+  The optimizer is created once and persists across `step` calls (rounds).
+
+Left out: entropy bonus, learning-rate schedule, length-bucketed micro-batches, mixed precision,
+gradient checkpointing, and any generation or reward logic (that belongs to the rollout side).
+Trajectories with zero advantage are kept: they add nothing to the loss but count in the
+normaliser, as in trl.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Literal
+
+import pydantic
+import torch
+
+from sentinel.types import Trajectory
+from trainers.common import model_device, pad_batch, token_logprobs
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "dr_grpo"]
+ScaleRewards = Literal["group", "batch", "none"]
+
+
+class GRPOConfig(pydantic.BaseModel, extra="forbid"):
+    """Hyper-parameters of the GRPO update (the rollout side has its own config)."""
+
+    lr: float = 3e-5
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    beta: float = 0.0
+    loss_agg: LossAgg = "token-mean"
+    scale_rewards: ScaleRewards = "group"
+    num_iterations: int = 1
+    micro_batch_size: int = 32
+    max_grad_norm: float = 1.0
+    temperature: float = 0.7
+    weight_decay: float = 0.0
+    max_completion_tokens: int = 256
+
+    @pydantic.field_validator("lr", "max_grad_norm", "temperature")
+    @classmethod
+    def _positive(cls, v: float, info: pydantic.ValidationInfo) -> float:
+        if not v > 0:
+            raise ValueError(f"{info.field_name} must be > 0, got {v}")
+        return v
+
+    @pydantic.field_validator("epsilon_low")
+    @classmethod
+    def _eps_low(cls, v: float) -> float:
+        if not 0 <= v < 1:
+            raise ValueError(
+                f"epsilon_low must be in [0, 1) so the lower clip bound 1 - epsilon_low stays "
+                f"positive, got {v}"
+            )
+        return v
+
+    @pydantic.field_validator("epsilon_high", "beta", "weight_decay")
+    @classmethod
+    def _non_negative(cls, v: float, info: pydantic.ValidationInfo) -> float:
+        if v < 0:
+            raise ValueError(f"{info.field_name} must be >= 0, got {v}")
+        return v
+
+    @pydantic.field_validator("num_iterations", "micro_batch_size", "max_completion_tokens")
+    @classmethod
+    def _at_least_one(cls, v: int, info: pydantic.ValidationInfo) -> int:
+        if v < 1:
+            raise ValueError(f"{info.field_name} must be >= 1, got {v}")
+        return v
+
+
+def _std(xs: Sequence[float]) -> float:
+    """Sample std (Bessel, n - 1) like `torch.std`; 0.0 for fewer than two values."""
+    if len(xs) < 2:
+        return 0.0
+    mean = sum(xs) / len(xs)
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    group_ids: Sequence[str],
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> list[float]:
+    """GRPO advantages: `A_i = (r_i - mean(r of i's group)) / (std + eps)`.
+
+    `scale` picks the std: "group" (of i's group), "batch" (of all rewards, as trl's
+    `scale_rewards="batch"`) or "none" (no division, Dr. GRPO). Stds are sample stds (n - 1), as
+    trl's `torch.std`; a group of one has advantage 0. Groups need not be contiguous. A group
+    whose rewards are all equal gets all-zero advantages.
+
+    >>> [round(a, 3) for a in group_advantages([1, 0, 0, 0], ["a", "a", "b", "b"])]
+    [0.707, -0.707, 0.0, 0.0]
+    >>> group_advantages([1, 0, 2, 2], ["a", "a", "b", "b"], scale="none")
+    [0.5, -0.5, 0.0, 0.0]
+    """
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    members: dict[str, list[float]] = defaultdict(list)
+    for r, g in zip(rewards, group_ids, strict=True):
+        members[g].append(float(r))
+    # A group of equal rewards has mean exactly that reward (a float sum could be off by an ulp),
+    # so its advantages are exact zeros and such groups contribute nothing to the loss.
+    means = {g: rs[0] if min(rs) == max(rs) else sum(rs) / len(rs) for g, rs in members.items()}
+    centred = [float(r) - means[g] for r, g in zip(rewards, group_ids, strict=True)]
+    if scale == "none":
+        return centred
+    if scale == "batch":
+        denom = _std([float(r) for r in rewards]) + eps
+        return [a / denom for a in centred]
+    stds = {g: _std(rs) for g, rs in members.items()}
+    return [a / (stds[g] + eps) for a, g in zip(centred, group_ids, strict=True)]
+
+
+def grpo_token_loss(
+    new_logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: GRPOConfig,
+    ref_logp: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token GRPO loss `[B, T]`, exactly 0 (value and gradient) where `mask` is 0.
+
+    `new_logp`, `old_logp`, `mask` (and `ref_logp`) are `[B, T]`; `adv` is `[B]` (one advantage
+    per sequence) or `[B, T]`. The loss is the negated clipped surrogate
+    `-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)` with `r = exp(new - old)`, plus
+    `cfg.beta * k3(ref, new)` when `cfg.beta > 0` (then `ref_logp` is required).
+    """
+    keep = mask.bool()
+    if adv.dim() == 1:
+        adv = adv.unsqueeze(1)
+    # Mask before exp: off-policy tokens carry old_logp = 0, and where() keeps their gradient an
+    # exact 0 instead of 0 * something that might be inf.
+    log_ratio = torch.where(keep, new_logp - old_logp, 0.0)
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
+    loss = -torch.min(ratio * adv, clipped * adv)
+    if cfg.beta > 0:
+        if ref_logp is None:
+            raise ValueError("cfg.beta > 0 needs ref_logp (log-probs under the reference model)")
+        diff = torch.where(keep, ref_logp - new_logp, 0.0)
+        loss = loss + cfg.beta * (torch.exp(diff) - diff - 1.0)
+    return torch.where(keep, loss, 0.0)
+
+
+def aggregate_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg: str,
+    n_tokens_total: int,
+    n_seqs_total: int,
+    max_completion_tokens: int,
+) -> torch.Tensor:
+    """This micro-batch's share of the full-batch loss.
+
+    `n_tokens_total` / `n_seqs_total` are the masked-token and sequence counts of the whole batch,
+    so summing the result over micro-batches gives exactly the full-batch aggregate:
+    "token-mean" = sum / n_tokens_total; "seq-mean-token-mean" = sum over sequences of (their
+    token mean) / n_seqs_total (a sequence without masked tokens counts as 0);
+    "dr_grpo" = sum / (n_seqs_total * max_completion_tokens).
+    """
+    if loss_agg == "token-mean":
+        return per_token.sum() / max(n_tokens_total, 1)
+    if loss_agg == "seq-mean-token-mean":
+        per_seq = per_token.sum(1) / mask.float().sum(1).clamp(min=1.0)
+        return per_seq.sum() / n_seqs_total
+    if loss_agg == "dr_grpo":
+        return per_token.sum() / (n_seqs_total * max_completion_tokens)
+    raise ValueError(f"unknown loss_agg {loss_agg!r}")
+
+
+class GRPOTrainer:
+    """Applies GRPO updates to `model` in place; see the module docstring for the maths."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: GRPOConfig,
+        pad_token_id: int,
+        ref_model: torch.nn.Module | None = None,
+    ) -> None:
+        """`ref_model` (frozen, used only when `config.beta > 0`) must share the tokenizer."""
+        if config.beta > 0 and ref_model is None:
+            raise ValueError(
+                f"beta={config.beta} adds a KL penalty to a reference policy: pass ref_model "
+                "(e.g. a frozen copy of the initial model) or set beta=0"
+            )
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.eval()
+            ref_model.requires_grad_(False)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        # Created once so the Adam moments carry over from round to round.
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, weight_decay=config.weight_decay
+        )
+
+    @staticmethod
+    def _check(trajectories: list[Trajectory], advantages: Sequence[float]) -> None:
+        if not trajectories:
+            raise ValueError("GRPO step needs at least one trajectory")
+        if len(advantages) != len(trajectories):
+            raise ValueError(
+                f"{len(advantages)} advantages for {len(trajectories)} trajectories; "
+                "pass one advantage per trajectory"
+            )
+        for t in trajectories:
+            n = len(t.token_ids)
+            if len(t.loss_mask) != n or len(t.logprobs) != n:
+                raise ValueError(
+                    f"trajectory {t.traj_id}: token_ids ({n}), loss_mask ({len(t.loss_mask)}) "
+                    f"and logprobs ({len(t.logprobs)}) must be aligned token for token"
+                )
+
+    def accumulate_gradients(
+        self, trajectories: list[Trajectory], advantages: Sequence[float]
+    ) -> dict[str, float]:
+        """One pass: zero the grads, then backprop the full-batch loss micro-batch by micro-batch.
+
+        Leaves the summed gradients in `param.grad` (no clipping, no optimizer step) and returns
+        this pass's `loss`, `clip_ratio`, `entropy`, `kl` and `n_tokens` (masked tokens).
+        Does not change the model's train/eval mode.
+        """
+        cfg = self.config
+        self._check(trajectories, advantages)
+        device = model_device(self.model)
+        n_tokens = sum(t.n_policy_tokens for t in trajectories)
+        n_seqs = len(trajectories)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        clipped = 0.0
+        entropy = 0.0
+        kl = 0.0
+        for start in range(0, n_seqs, cfg.micro_batch_size):
+            chunk = trajectories[start : start + cfg.micro_batch_size]
+            batch = pad_batch(
+                [t.token_ids for t in chunk],
+                self.pad_token_id,
+                masks=[t.loss_mask for t in chunk],
+                logprobs=[t.logprobs for t in chunk],
+            )
+            input_ids = batch["input_ids"].to(device)
+            attention_mask = batch["attention_mask"].to(device)
+            mask = batch["loss_mask"].to(device).bool() & attention_mask.bool()
+            old = batch["old_logprobs"].to(device)
+            adv = torch.tensor(
+                [float(a) for a in advantages[start : start + len(chunk)]],
+                dtype=torch.float32,
+                device=device,
+            )
+            new, ent = token_logprobs(
+                self.model, input_ids, attention_mask, cfg.temperature, with_entropy=True
+            )
+            ref = None
+            if cfg.beta > 0:
+                assert self.ref_model is not None  # checked in __init__
+                with torch.no_grad():
+                    ref = token_logprobs(self.ref_model, input_ids, attention_mask, cfg.temperature)
+            per_token = grpo_token_loss(new, old, adv, mask, cfg, ref)
+            loss = aggregate_loss(
+                per_token, mask, cfg.loss_agg, n_tokens, n_seqs, cfg.max_completion_tokens
+            )
+            loss.backward()
+            with torch.no_grad():
+                loss_sum += float(loss.item())
+                ratio = torch.exp(torch.where(mask, new - old, 0.0))
+                a = adv.unsqueeze(1)
+                # The clipped branch is the one min() picks only in these two cases (as trl).
+                hit = ((ratio < 1 - cfg.epsilon_low) & (a < 0)) | (
+                    (ratio > 1 + cfg.epsilon_high) & (a > 0)
+                )
+                clipped += float((hit & mask).sum().item())
+                entropy += float(ent[mask].sum().item())
+                if ref is not None:
+                    diff = (ref - new)[mask]
+                    kl += float((torch.exp(diff) - diff - 1.0).sum().item())
+        denom = max(n_tokens, 1)
+        return {
+            "loss": loss_sum,
+            "clip_ratio": clipped / denom,
+            "entropy": entropy / denom,
+            "kl": kl / denom,
+            "n_tokens": float(n_tokens),
+        }
+
+    def step(self, trajectories: list[Trajectory], advantages: Sequence[float]) -> dict[str, float]:
+        """One GRPO update on a batch: `num_iterations` passes, one optimizer step per pass.
+
+        `advantages[i]` belongs to `trajectories[i]` (see `group_advantages`). Returns the mean
+        over passes of `loss`, `clip_ratio`, `entropy` (over masked tokens) and `grad_norm`
+        (before clipping), `kl` when `beta > 0`, plus `n_tokens` (masked tokens in the batch) and
+        `seconds`. A batch without any masked token changes nothing. The model is in train mode
+        during the update and is put back in the mode it was in (eval, for rollouts).
+        """
+        cfg = self.config
+        self._check(trajectories, advantages)
+        t0 = time.perf_counter()
+        n_tokens = sum(t.n_policy_tokens for t in trajectories)
+        totals = {"loss": 0.0, "clip_ratio": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        if n_tokens == 0:
+            out = {k: v for k, v in totals.items() if k != "kl" or cfg.beta > 0}
+            return {**out, "n_tokens": 0.0, "seconds": time.perf_counter() - t0}
+        was_training = self.model.training
+        self.model.train()
+        try:
+            for _ in range(cfg.num_iterations):
+                stats = self.accumulate_gradients(trajectories, advantages)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+                self.optimizer.step()
+                for k in ("loss", "clip_ratio", "entropy", "kl"):
+                    totals[k] += stats[k]
+                totals["grad_norm"] += float(grad_norm.item())
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.train(was_training)
+        metrics = {k: v / cfg.num_iterations for k, v in totals.items()}
+        if cfg.beta == 0:
+            del metrics["kl"]
+        return {**metrics, "n_tokens": float(n_tokens), "seconds": time.perf_counter() - t0}

@@ -1,0 +1,189 @@
+"""Supervised fine-tuning on masked token sequences (the warm-start before RL).
+
+Design: each example is `(token_ids, loss_mask)` in the same token-in/token-out form as a
+`Trajectory`; the loss is next-token cross-entropy on the positions whose mask is 1, averaged over
+all such tokens in the batch (a token mean, so long answers weigh more than short ones, as in
+nanochat/trl). Batches are drawn by shuffling the dataset once per epoch with a seeded
+`torch.Generator`, so a run is reproducible; each batch is right-padded to its longest example.
+AdamW with linear warm-up then cosine decay to 0, and gradient-norm clipping.
+
+Left out: gradient accumulation, mixed precision, evaluation, checkpointing and length bucketing;
+`train()` is one self-contained run (a fresh optimizer and schedule per call).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+
+import pydantic
+import torch
+
+from trainers.common import model_device, pad_batch
+
+
+class SFTConfig(pydantic.BaseModel, extra="forbid"):
+    """Hyper-parameters of one SFT run."""
+
+    steps: int = 300
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+    @pydantic.field_validator("steps", "warmup_steps", "weight_decay")
+    @classmethod
+    def _non_negative(cls, v: float, info: pydantic.ValidationInfo) -> float:
+        if v < 0:
+            raise ValueError(f"{info.field_name} must be >= 0 (0 disables it), got {v}")
+        return v
+
+    @pydantic.field_validator("batch_size")
+    @classmethod
+    def _positive_batch(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError(f"batch_size must be >= 1 example per step, got {v}")
+        return v
+
+    @pydantic.field_validator("lr", "max_grad_norm")
+    @classmethod
+    def _positive(cls, v: float, info: pydantic.ValidationInfo) -> float:
+        if not v > 0:
+            raise ValueError(f"{info.field_name} must be > 0, got {v}")
+        return v
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+    """LR multiplier for optimizer step `step` (0-based): linear warm-up to 1, then cosine to 0.
+
+    >>> [round(warmup_cosine(s, 2, 6), 3) for s in range(6)]
+    [0.5, 1.0, 1.0, 0.854, 0.5, 0.146]
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def sft_loss(
+    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[torch.Tensor, int]:
+    """Token-mean next-token cross-entropy over positions with `loss_mask == 1`.
+
+    `loss_mask` is aligned with `input_ids` (1 = this token is a target), so logit row `t` is
+    scored against token `t + 1` with weight `loss_mask[:, t + 1]`; a mask on token 0 is ignored
+    because nothing predicts it. Returns `(loss, n_target_tokens)`; the loss is 0 (with a zero
+    gradient) when there are no targets.
+    """
+    targets = input_ids[:, 1:]
+    weight = loss_mask[:, 1:].float()
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+        targets.reshape(-1),
+        reduction="none",
+    ).view_as(weight)
+    n = int(weight.sum().item())
+    # torch.where (not a product) so a masked position contributes an exact 0 gradient.
+    loss = torch.where(weight.bool(), ce, 0.0).sum() / max(n, 1)
+    return loss, n
+
+
+class SFTTrainer:
+    """Masked-token SFT of a Hugging Face causal LM (updated in place)."""
+
+    def __init__(self, model: torch.nn.Module, config: SFTConfig, pad_token_id: int) -> None:
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+
+    def _batches(self, n: int) -> Iterator[list[int]]:
+        """Endless stream of index batches: a fresh seeded permutation per epoch.
+
+        A batch never spans two epochs; when `batch_size > n` every batch is the whole dataset.
+        """
+        gen = torch.Generator().manual_seed(self.config.seed)
+        size = min(self.config.batch_size, n)
+        while True:
+            perm = torch.randperm(n, generator=gen).tolist()
+            for start in range(0, n - size + 1, size):
+                yield perm[start : start + size]
+
+    def train(
+        self,
+        examples: list[tuple[list[int], list[int]]],
+        on_step: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> dict[str, float]:
+        """Run `config.steps` optimizer steps on `examples` (`(token_ids, loss_mask)` pairs).
+
+        `on_step(step, metrics)` is called after every step (1-based `step`) with `loss` (the
+        batch's masked token-mean CE before the update), `lr`, `grad_norm` (before clipping),
+        `n_tokens` (targets in the batch) and `tokens_per_s` (non-pad tokens processed per second
+        so far). Returns the last step's metrics plus `steps` and `seconds`; with `steps == 0`
+        the model is untouched and `loss` is NaN. The model's train/eval mode is restored.
+        """
+        cfg = self.config
+        if not examples:
+            raise ValueError("SFTTrainer.train needs at least one example")
+        for i, (ids, mask) in enumerate(examples):
+            if len(ids) != len(mask):
+                raise ValueError(
+                    f"example {i}: token_ids has {len(ids)} tokens but loss_mask has {len(mask)}"
+                )
+        if not any(any(mask[1:]) for _, mask in examples):
+            raise ValueError(
+                "no example has a loss_mask == 1 token after position 0: nothing to learn"
+            )
+
+        metrics: dict[str, float] = {"loss": float("nan"), "tokens_per_s": 0.0}
+        if cfg.steps == 0:
+            return {**metrics, "steps": 0.0, "seconds": 0.0}
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps)
+        )
+        device = model_device(self.model)
+        was_training = self.model.training
+        self.model.train()
+        batches = self._batches(len(examples))
+        start = time.perf_counter()
+        seen_tokens = 0
+        try:
+            for step in range(1, cfg.steps + 1):
+                idx = next(batches)
+                batch = pad_batch(
+                    [examples[i][0] for i in idx],
+                    self.pad_token_id,
+                    masks=[examples[i][1] for i in idx],
+                )
+                input_ids = batch["input_ids"].to(device)
+                attention_mask = batch["attention_mask"].to(device)
+                out = self.model(
+                    input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+                )
+                loss, n_tokens = sft_loss(out.logits, input_ids, batch["loss_mask"].to(device))
+                lr = optimizer.param_groups[0]["lr"]
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                optimizer.step()
+                schedule.step()
+                seen_tokens += int(attention_mask.sum().item())
+                elapsed = time.perf_counter() - start
+                metrics = {
+                    "loss": float(loss.item()),
+                    "lr": float(lr),
+                    "grad_norm": float(grad_norm.item()),
+                    "n_tokens": float(n_tokens),
+                    "tokens_per_s": seen_tokens / max(elapsed, 1e-9),
+                }
+                if on_step is not None:
+                    on_step(step, metrics)
+        finally:
+            self.model.train(was_training)
+        return {**metrics, "steps": float(cfg.steps), "seconds": time.perf_counter() - start}
