@@ -12,6 +12,7 @@ so the rules live next to the code they protect.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -174,6 +175,8 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
     node: Any = data
     for i, part in enumerate(path[:-1]):
         nxt = path[i + 1]
+        if not isinstance(node, dict | list):
+            raise ConfigError(f"--set {'.'.join(path)}: {'.'.join(path[:i])} is not a mapping")
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
                 raise ConfigError(f"--set {'.'.join(path)}: no list index {part}")
@@ -196,7 +199,7 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None) -> SentinelConfig:
     """Load YAML (or take `data`), apply `key.path=value` overrides, validate."""
-    raw: Any = dict(data or {})
+    raw: Any = copy.deepcopy(data or {})
     if path is not None:
         try:
             raw = yaml.safe_load(Path(path).read_text()) or {}

@@ -107,7 +107,9 @@ class Curriculum:
         return {
             "rng": self.rng.getstate(),
             "mined": list(self.mined),
-            "tasks": {t: self.tasks[t].to_row() for t in self.mined},
+            # Every task the sampler may return again: mined ones and any with stats (replay).
+            "tasks": {t: self.tasks[t].to_row() for t in {*self.mined, *self.stats}
+                      if t in self.tasks},
             "stats": {t: [s.attempts, s.successes] for t, s in self.stats.items()},
         }
 

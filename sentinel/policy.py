@@ -25,14 +25,15 @@ STRUCTURAL_TOKENS = [
 ]
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
 
+# Compact on purpose: every character is a token for this model, so the framing is kept short
+# (no newlines between turns; a tool result is just its <tool_response> block).
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\ntools: "
-    "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}<|im_end|>\n"
+    "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}<|im_end|>"
     "{% endif %}"
     "{% for m in messages %}"
-    "{% if m['role'] == 'tool' %}"
-    "<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% if m['role'] == 'tool' %}<tool_response>{{ m['content'] }}</tool_response>"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -72,6 +73,9 @@ def build_tiny_policy(out_dir: str | Path, config: TinyPolicyConfig | None = Non
     """Create the tiny policy (random init, seeded) and save it as an HF model directory."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     config = config or TinyPolicyConfig()
     out = Path(out_dir)
@@ -101,6 +105,9 @@ def load_policy(path_or_id: str | Path, *, device: str = "cpu", dtype: str = "fl
     """Load (model, tokenizer) from a local directory or a hub id, in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the loop draws its own progress
 
     tokenizer = AutoTokenizer.from_pretrained(str(path_or_id))
     tokenizer.padding_side = "left"

@@ -145,10 +145,10 @@ def evaluate(node: Node) -> Fraction:
 
 
 def format_value(value: Fraction) -> str:
-    """Integers print as integers; other values as a decimal with up to 6 places."""
+    """Integers print as integers; other values with 10 significant digits."""
     if value.denominator == 1:
         return str(value.numerator)
-    return f"{float(value):.6f}".rstrip("0")
+    return f"{float(value):.10g}"
 
 
 def render(node: Node) -> str:
