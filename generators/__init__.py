@@ -1,15 +1,24 @@
 """Task generators: turn failures into new, verified training tasks.
 
-- `base`: the `TaskGenerator` protocol, `GenerationContext`, `GeneratorConfig`, `BaseGenerator`;
+- `base`: the `TaskGenerator` protocol, `GenerationContext`, `GeneratorConfig`, `BaseGenerator`,
+  `Unparseable`;
 - `registry`: `load_generator` (built-ins, entry points `sentinel.generators`, `module:Class`);
-- `mutate`: the built-in `mutate` generator;
-- `validate`: the pipeline every candidate passes (`validate_candidates`);
-- `run`: `run_generators`, which isolates faulty or slow generators.
+- built-ins: `mutate`, `decompose`, `escalate`, `teacher`;
+- `validate`: the pipeline every candidate passes (`validate_candidates`, `probe_tasks`);
+- `run`: `run_generators`, which isolates faulty or slow generators and runs the probe.
 
 See docs/generators.md for the plugin guide.
 """
 
-from generators.base import BaseGenerator, GenerationContext, GeneratorConfig, TaskGenerator
+from generators.base import (
+    BaseGenerator,
+    GenerationContext,
+    GeneratorConfig,
+    TaskGenerator,
+    Unparseable,
+)
+from generators.decompose import DecomposeConfig, DecomposeGenerator
+from generators.escalate import EscalateConfig, EscalateGenerator
 from generators.mutate import MutateConfig, MutateGenerator
 from generators.registry import (
     BUILTIN,
@@ -19,21 +28,31 @@ from generators.registry import (
     load_generator,
 )
 from generators.run import run_generators
-from generators.validate import REJECTION_REASONS, validate_candidates
+from generators.teacher import TeacherConfig, TeacherGenerator, parse_specs
+from generators.validate import REJECTION_REASONS, probe_tasks, validate_candidates
 
 __all__ = [
     "BUILTIN",
     "ENTRY_POINT_GROUP",
     "REJECTION_REASONS",
     "BaseGenerator",
+    "DecomposeConfig",
+    "DecomposeGenerator",
+    "EscalateConfig",
+    "EscalateGenerator",
     "GenerationContext",
     "GeneratorConfig",
     "GeneratorLoadError",
     "MutateConfig",
     "MutateGenerator",
     "TaskGenerator",
+    "TeacherConfig",
+    "TeacherGenerator",
+    "Unparseable",
     "generator_class",
     "load_generator",
+    "parse_specs",
+    "probe_tasks",
     "run_generators",
     "validate_candidates",
 ]

@@ -9,15 +9,20 @@ an exception, garbage or a slow generator costs only its own candidates.
 `GeneratorConfig` is the config every generator is built from (one pydantic model per generator,
 chosen by the `type` field, as prime-rl does); `BaseGenerator` is the small base class the
 built-ins use. Plugins may use it or just satisfy `TaskGenerator`.
+
+A generator that reads free text (the `teacher`) may also yield `Unparseable` for output it could
+not turn into a candidate; the pipeline stores it as a rejection (`unparseable`) instead of
+dropping it silently.
 """
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +46,13 @@ class GenerationContext:
     `failures` are the failures to aim at; `tasks` maps the task id of every one of them to its
     `Task`; `families` holds the task families by name; `rng` is the only randomness a generator
     should use (runs are reproducible); `budget` is how many candidates each generator may propose.
+
+    Optional, for the generators that need them: `clusters` are this round's failure clusters
+    (rows of the store's `clusters` table, as `sentinel.analyzer.cluster_failures` returns them:
+    `cluster_id`, `family`, `skills`, `mode`, `n_failures`, `share`, `trend`,
+    `exemplar_traj_ids`, `summary`); `mastered` are tasks the policy now solves reliably (the
+    curriculum's `mastered_tasks()`); `policy` is the current policy as `(model, tokenizer)`, for
+    a `teacher` configured with `model: policy`.
     """
 
     round: int
@@ -49,6 +61,19 @@ class GenerationContext:
     families: dict[str, TaskFamily]
     rng: random.Random
     budget: int
+    clusters: list[dict[str, Any]] = field(default_factory=list)
+    mastered: list[Task] = field(default_factory=list)
+    policy: Any = None
+
+
+@dataclass
+class Unparseable:
+    """Output a generator could not turn into a candidate: `text` (clipped when stored) and what
+    was wrong with it. Stored as a rejection with reason `unparseable`."""
+
+    text: str
+    error: str
+    parent_task_id: str | None = None
 
 
 class TaskGenerator(Protocol):
@@ -72,3 +97,38 @@ class BaseGenerator(ABC):
 
     @abstractmethod
     def generate(self, ctx: GenerationContext) -> Iterable[Candidate]: ...
+
+
+def failed_tasks(
+    ctx: GenerationContext, keep: Callable[[Failure], bool] = lambda f: True
+) -> list[tuple[Task, list[Failure]]]:
+    """The failed tasks of `ctx` (those in `ctx.tasks`, of a family in `ctx.families`) with their
+    failures that pass `keep`: most frequent failure cluster (family, skills, mode) first, then
+    most failures first, then task id, so a small budget goes to what fails most."""
+    by_task: dict[str, list[Failure]] = defaultdict(list)
+    for failure in ctx.failures:
+        task = ctx.tasks.get(failure.task_id)
+        if task is not None and task.family in ctx.families and keep(failure):
+            by_task[failure.task_id].append(failure)
+    cluster_size = Counter(f.cluster_id for fs in by_task.values() for f in fs)
+    order = sorted(
+        by_task,
+        key=lambda tid: (
+            -max(cluster_size[f.cluster_id] for f in by_task[tid]),
+            -len(by_task[tid]),
+            tid,
+        ),
+    )
+    return [(ctx.tasks[tid], by_task[tid]) for tid in order]
+
+
+def round_robin(queues: list[list[Candidate]], limit: int) -> Iterable[Candidate]:
+    """One candidate of each queue in turn (then a second of each, ...), at most `limit`."""
+    made = 0
+    for depth in range(max((len(q) for q in queues), default=0)):
+        for queue in queues:
+            if depth < len(queue):
+                if made >= limit:
+                    return
+                made += 1
+                yield queue[depth]

@@ -13,24 +13,18 @@ raises is a bug and propagates (the runner records it as a `generator_error`).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 from pydantic import Field
 
-from generators.base import BaseGenerator, GenerationContext, GeneratorConfig
+from generators.base import BaseGenerator, GenerationContext, GeneratorConfig, failed_tasks
 from sentinel.tasks import SpecError
-from sentinel.types import Candidate, Failure, canonical_json
+from sentinel.types import Candidate, canonical_json
 
 
 class MutateConfig(GeneratorConfig):
     type: str = "mutate"
     per_failure: int = Field(2, ge=1, description="variants proposed per failed task")
-
-
-def _cluster(failure: Failure) -> tuple[str, tuple[str, ...], str]:
-    # Same key as `sentinel.analyzer.cluster_key`, which generators may not import.
-    return failure.family, tuple(sorted(failure.skills)), failure.mode
 
 
 class MutateGenerator(BaseGenerator):
@@ -39,35 +33,21 @@ class MutateGenerator(BaseGenerator):
     config: MutateConfig
 
     def generate(self, ctx: GenerationContext) -> Iterator[Candidate]:
-        by_task: dict[str, list[Failure]] = defaultdict(list)
-        for failure in ctx.failures:
-            task = ctx.tasks.get(failure.task_id)
-            if task is not None and task.family in ctx.families:
-                by_task[failure.task_id].append(failure)
-        cluster_size = Counter(_cluster(f) for fs in by_task.values() for f in fs)
-        order = sorted(
-            by_task,
-            key=lambda tid: (
-                -max(cluster_size[_cluster(f)] for f in by_task[tid]),
-                -len(by_task[tid]),
-                tid,
-            ),
-        )
+        order = failed_tasks(ctx)
         limit = min(self.config.max_candidates, ctx.budget)
-        proposed = {canonical_json([ctx.tasks[tid].family, ctx.tasks[tid].spec]) for tid in order}
+        proposed = {canonical_json([task.family, task.spec]) for task, _ in order}
         exhausted: set[str] = set()
         made = 0
         for _ in range(self.config.per_failure):
-            for task_id in order:
+            for task, failures in order:
                 if made >= limit:
                     return
-                if task_id in exhausted:
+                if task.task_id in exhausted:
                     continue
-                task = ctx.tasks[task_id]
                 try:
                     spec = ctx.families[task.family].perturb(task.spec, ctx.rng)
                 except SpecError:
-                    exhausted.add(task_id)
+                    exhausted.add(task.task_id)
                     continue
                 key = canonical_json([task.family, spec])
                 if key in proposed:  # the family repeated itself; validation would drop it
@@ -78,7 +58,7 @@ class MutateGenerator(BaseGenerator):
                     family=task.family,
                     spec=spec,
                     answer=None,
-                    parent_task_id=task_id,
-                    failure_ids=[f.failure_id for f in by_task[task_id]],
+                    parent_task_id=task.task_id,
+                    failure_ids=[f.failure_id for f in failures],
                     generator=self.name,
                 )

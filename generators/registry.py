@@ -24,10 +24,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from generators.base import GeneratorConfig, TaskGenerator
+from generators.decompose import DecomposeGenerator
+from generators.escalate import EscalateGenerator
 from generators.mutate import MutateGenerator
+from generators.teacher import TeacherGenerator
 
 ENTRY_POINT_GROUP = "sentinel.generators"
-BUILTIN: dict[str, type] = {"mutate": MutateGenerator}
+BUILTIN: dict[str, type] = {
+    "mutate": MutateGenerator,
+    "decompose": DecomposeGenerator,
+    "escalate": EscalateGenerator,
+    "teacher": TeacherGenerator,
+}
 
 
 class GeneratorLoadError(ValueError):

@@ -13,17 +13,25 @@ Running plugins in a subprocess would close that gap, at the price of pickling c
 
 Validation happens after a generator is done (its time does not count against it). Tasks accepted
 from one generator count as known to the next, so two generators proposing the same task do not
-store it twice.
+store it twice. When a `probe` is given, the tasks every generator had accepted then pass the
+round's difficulty probe together (`generators.validate.probe_tasks`: a shared `probe_budget`,
+taken round-robin across generators, and the pass-rate band), which does not count against any
+generator's time either.
+
+Every accepted task gets its `target_cluster_id`: the cluster (`Failure.cluster_id`) most of its
+`failure_ids` belong to among `ctx.failures` (first seen wins a tie), None when it names none (an
+`escalate` task, or a plugin that sets no lineage).
 """
 
 from __future__ import annotations
 
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from generators.base import GenerationContext, TaskGenerator
-from generators.validate import describe, validate_candidates
+from generators.validate import describe, probe_tasks, validate_candidates
 from sentinel.types import Rejection, Task
 
 
@@ -81,22 +89,38 @@ def _collect(
     return candidates, None
 
 
+def _target_clusters(tasks: list[Task], ctx: GenerationContext) -> None:
+    cluster_of = {f.failure_id: f.cluster_id for f in ctx.failures}
+    for task in tasks:
+        clusters = Counter(cluster_of[f] for f in task.failure_ids if f in cluster_of)
+        task.target_cluster_id = clusters.most_common(1)[0][0] if clusters else None
+
+
 def run_generators(
     generators: list[TaskGenerator],
     ctx: GenerationContext,
     *,
     known_task_ids: Callable[[Iterable[str]], set[str]],
     time_limit_s: float = 30.0,
+    probe: Callable[[list[Task]], dict[str, float]] | None = None,
+    probe_band: tuple[float, float] = (0.05, 0.75),
+    probe_budget: int = 64,
 ) -> tuple[list[Task], list[Rejection], dict[str, dict[str, int]]]:
     """Run `generators` on `ctx`, validate what they propose, and isolate their faults.
 
+    `probe(tasks) -> {task_id: pass rate}`, when given, is the difficulty probe: it is called
+    once, with at most `probe_budget` of the tasks that passed validation, and tasks whose rate is
+    outside `probe_band` (bounds included) are rejected (see `generators.validate`).
+
     Returns (accepted tasks, rejections, stats), where stats maps each generator's name to
-    `proposed` (candidates taken), `accepted`, `rejected` (candidates refused by validation) and
-    `errors` (1 if the generator failed or timed out; its `Rejection` is in the list).
+    `proposed` (candidates taken), `accepted`, `rejected` (candidates refused by validation or
+    the probe) and `errors` (1 if the generator failed or timed out; its `Rejection` is in the
+    list).
     """
-    tasks: list[Task] = []
+    batches: list[list[Task]] = []
     rejections: list[Rejection] = []
     stats: dict[str, dict[str, int]] = {}
+    names: list[str] = []
     accepted_ids: set[str] = set()
 
     def known(ids: Iterable[str]) -> set[str]:
@@ -126,11 +150,23 @@ def run_generators(
                 )
             )
         accepted_ids.update(t.task_id for t in accepted)
-        tasks += accepted
+        batches.append(accepted)
+        names.append(name)
         rejections += refused
         counts = stats.setdefault(name, {"proposed": 0, "accepted": 0, "rejected": 0, "errors": 0})
         counts["proposed"] += len(candidates)
-        counts["accepted"] += len(accepted)
         counts["rejected"] += len(refused) - (fault is not None)
         counts["errors"] += fault is not None
+    if probe is not None:
+        batches, refused = probe_tasks(
+            batches, probe, band=probe_band, budget=probe_budget, round=ctx.round
+        )
+        rejections += refused
+        for rejection in refused:
+            stats[rejection.generator]["rejected"] += 1
+    tasks: list[Task] = []
+    for name, batch in zip(names, batches, strict=True):
+        stats[name]["accepted"] += len(batch)
+        tasks += batch
+    _target_clusters(tasks, ctx)
     return tasks, rejections, stats

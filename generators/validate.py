@@ -2,7 +2,8 @@
 
 Per candidate, in order (the first failing check is the rejection reason):
 
-1. `not_a_candidate`: not a `Candidate`, or its fields have the wrong types.
+1. `not_a_candidate`: not a `Candidate`, or its fields have the wrong types; `unparseable`: the
+   generator yielded `Unparseable` (free text it could not read, e.g. a teacher's garbage).
 2. `unknown_family`: its family is not one of `families`.
 3. `schema`: `family.validate_spec` refuses the spec.
 4. `unsolvable`: `family.make_task` fails: the reference solver, really calling the tools, cannot
@@ -12,6 +13,16 @@ Per candidate, in order (the first failing check is the rejection reason):
    the verifier cannot judge); training on it would reward nothing.
 7. `duplicate`: the task id (a content hash of family and canonical spec) is already known
    (`known_task_ids`, asked once per batch) or came earlier in this batch.
+
+Then, optionally and for the whole round at once (`probe_tasks`, called by `run_generators`):
+
+8. `probe_budget` / `too_easy` / `too_hard`: the difficulty probe. At most `probe_budget` tasks
+   are probed per round, taken round-robin across generators (one generator cannot use up the
+   budget); the rest are *rejected* with `probe_budget`, so every accepted task passed every
+   configured check (a rejected spec may be proposed again, and probed, in a later round). The
+   probe returns each task's pass rate under the current policy; a task is kept when the rate is
+   inside the band, bounds included (`lo <= rate <= hi`), else rejected as `too_easy` (above)
+   or `too_hard` (below), the rate in the detail. Kept tasks carry it in `probe_pass_rate`.
 
 Accepted tasks carry lineage: `origin="generated"`, `created_round`, `parent_task_id`,
 `failure_ids` and `generator` (the name passed here, not whatever the candidate says, so a plugin
@@ -29,6 +40,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from generators.base import Unparseable
 from sentinel.tasks import SpecError, TaskFamily
 from sentinel.types import Candidate, Rejection, Task, canonical_json
 
@@ -40,6 +52,11 @@ REJECTION_REASONS: tuple[str, ...] = (
     "answer_mismatch",
     "unverifiable",
     "duplicate",
+    "unparseable",
+    # the difficulty probe (`probe_tasks`):
+    "probe_budget",
+    "too_easy",
+    "too_hard",
     # recorded by `generators.run` for a generator as a whole:
     "generator_error",
     "generator_timeout",
@@ -96,6 +113,18 @@ def _build(
             ),
         )
 
+    if isinstance(candidate, Unparseable):
+        return Rejection(
+            round=round,
+            generator=generator,
+            family="",
+            spec=json.dumps(str(candidate.text)[:DETAIL_CHARS]),
+            reason="unparseable",
+            detail=str(candidate.error)[:DETAIL_CHARS],
+            parent_task_id=(
+                candidate.parent_task_id if isinstance(candidate.parent_task_id, str) else None
+            ),
+        )
     if not isinstance(candidate, Candidate):
         return reject("not_a_candidate", f"got {type(candidate).__name__}, not a Candidate")
     if (problem := _field_problem(candidate)) is not None:
@@ -173,3 +202,72 @@ def validate_candidates(
             seen.add(item.task_id)
             tasks.append(item)
     return tasks, rejections
+
+
+def probe_tasks(
+    batches: list[list[Task]],
+    probe: Callable[[list[Task]], dict[str, float]],
+    *,
+    band: tuple[float, float],
+    budget: int,
+    round: int,
+) -> tuple[list[list[Task]], list[Rejection]]:
+    """The difficulty probe (step 8 of the module docstring) over one round's accepted tasks.
+
+    `batches` holds each generator's accepted tasks (its name is `task.generator`); returns the
+    kept tasks per batch, in order, with `probe_pass_rate` set, and the rejections. `probe` is
+    called once, with the tasks within the budget; it must return a pass rate in [0, 1] for every
+    one of them (a probe that does not is a bug in the caller: `ValueError`).
+    """
+    lo, hi = band
+    if not 0.0 <= lo <= hi <= 1.0:
+        raise ValueError(f"probe band must satisfy 0 <= lo <= hi <= 1, got {band}")
+    order = [t for row in _round_robin(batches) for t in row]
+    chosen = {t.task_id for t in order[: max(0, budget)]}
+    probed = [t for t in order if t.task_id in chosen]
+    rates = probe(probed) if probed else {}
+    bad = [t.task_id for t in probed if not _is_rate(rates.get(t.task_id))]
+    if bad:
+        raise ValueError(f"the probe returned no pass rate in [0, 1] for tasks {bad[:5]}")
+    kept: list[list[Task]] = []
+    rejections: list[Rejection] = []
+    for batch in batches:
+        keep = []
+        for task in batch:
+            reason, detail = None, ""
+            if task.task_id not in chosen:
+                reason = "probe_budget"
+                detail = f"the probe budget of {budget} tasks this round was used up"
+            else:
+                rate = float(rates[task.task_id])
+                task.probe_pass_rate = rate
+                if rate > hi:
+                    reason, detail = "too_easy", f"pass rate {rate:.3f} > {hi}"
+                elif rate < lo:
+                    reason, detail = "too_hard", f"pass rate {rate:.3f} < {lo}"
+            if reason is None:
+                keep.append(task)
+            else:
+                rejections.append(
+                    Rejection(
+                        round=round,
+                        generator=task.generator or "",
+                        family=task.family,
+                        spec=canonical_json(task.spec),
+                        reason=reason,
+                        detail=detail,
+                        parent_task_id=task.parent_task_id,
+                    )
+                )
+        kept.append(keep)
+    return kept, rejections
+
+
+def _is_rate(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
+
+
+def _round_robin(batches: list[list[Task]]) -> list[list[Task]]:
+    """Rows of one task from each batch in turn: [[a0, b0], [a1, b1], [a2], ...]."""
+    depth = max((len(b) for b in batches), default=0)
+    return [[b[i] for b in batches if i < len(b)] for i in range(depth)]

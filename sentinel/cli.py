@@ -21,28 +21,41 @@ def _fail(message: str) -> None:
 
 @app.command()
 def loop(
-    config: Annotated[Path, typer.Option("--config", help="YAML config file")],
+    config: Annotated[Path | None, typer.Option("--config", help="YAML config file")] = None,
     run_dir: RunDir = Path("runs/quickstart"),
-    set_: Annotated[list[str] | None, typer.Option("--set", help="override: key.path=value")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override: key.path=value")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue a run that died; without --config, reuse the run's config")
+    ] = False,
 ) -> None:
     """Run the loop: SFT cold start, then GRPO → analyze → generate rounds."""
     from sentinel.config import ConfigError, load_config
 
+    if config is None and not resume:
+        _fail("give --config FILE (or --resume to continue the run in --run-dir)")
     try:
-        cfg = load_config(config, set_ or [])
+        if config is None:
+            import json
+
+            _, rows = _store(run_dir).query("SELECT config FROM runs ORDER BY created_at LIMIT 1")
+            cfg = load_config(data=json.loads(rows[0][0]), overrides=set_ or [])
+        else:
+            cfg = load_config(config, set_ or [])
     except ConfigError as exc:
         _fail(str(exc))
     from generators import GeneratorLoadError
-    from sentinel.loop import Loop
+    from sentinel.loop import Loop, LoopError
 
     try:
-        history = Loop(cfg, run_dir).run()
-    except GeneratorLoadError as exc:
+        Loop(cfg, run_dir).run(resume=resume)
+    except (GeneratorLoadError, LoopError) as exc:
         _fail(str(exc))
-    if history:
-        first, last = history[0]["heldout_success"], history[-1]["heldout_success"]
-        typer.echo(f"held-out success: round 0 {first:.3f} -> round {len(history) - 1} "
-                   f"{last:.3f}; store: {run_dir / 'sentinel.duckdb'}")
+    _, rows = _store(run_dir).query(
+        "SELECT round, heldout_success FROM rounds ORDER BY round")
+    (r0, first), (rn, last) = rows[0], rows[-1]
+    typer.echo(f"held-out success: round {r0} {first:.3f} -> round {rn} {last:.3f}; "
+               f"store: {run_dir / 'sentinel.duckdb'}")
 
 
 def _store(run_dir: Path):
@@ -56,49 +69,143 @@ def _store(run_dir: Path):
 
 @app.command()
 def sql(
-    query: Annotated[str, typer.Argument(help="SQL to run (read-only)")],
+    query: Annotated[str | None, typer.Argument(help="one read-only SQL statement")] = None,
     run_dir: RunDir = Path("runs/quickstart"),
+    file: Annotated[Path | None, typer.Option("--file", help="read the SQL from this file")] = None,
+    format_: Annotated[str, typer.Option("--format", help="table|csv|json|parquet")] = "table",
+    output: Annotated[Path | None, typer.Option(
+        "--output", help="write the result here instead of stdout (required for parquet)")] = None,
 ) -> None:
-    """Run a read-only SQL query on a run's store and print the result as a table."""
-    import duckdb
-    from rich.console import Console
-    from rich.table import Table
+    """Run one read-only SQL statement on a run's store (tables and views: docs/schema.md).
 
+    Anything but a plain read (INSERT, CREATE, COPY ... TO, ATTACH, SET, ...) is refused before it
+    runs, and the store is opened read-only. While a loop commits a round the query waits for it.
+    """
+    import sys
+
+    import duckdb
+
+    from task_store import SchemaVersionError, StoreLockedError
+    from task_store.sql import FORMATS, ReadOnlyQueryError, check_read_only, run_query
+
+    if (query is None) == (file is None):
+        _fail("give the SQL either as the QUERY argument or with --file, not both or neither")
+    if format_ not in FORMATS:
+        _fail(f"unknown --format {format_!r}; choose one of {', '.join(FORMATS)}")
+    if format_ == "parquet" and output is None:
+        _fail("--format parquet writes a file: add --output PATH")
+    if file is not None:
+        if not file.is_file():
+            _fail(f"no SQL file at {file}")
+        query = file.read_text(encoding="utf-8")
+    store = _store(run_dir)
     try:
-        columns, rows = _store(run_dir).query(query)
+        check_read_only(query or "")  # before opening the store: a refusal never waits on a lock
+        with store.connect(read_only=True) as con:
+            run_query(con, query or "", format_, output, sys.stdout)
+    except (ReadOnlyQueryError, SchemaVersionError, StoreLockedError, OSError) as exc:
+        _fail(str(exc))
     except duckdb.Error as exc:
         _fail(f"{type(exc).__name__}: {exc}")
-    table = Table(*columns)
-    for row in rows:
-        table.add_row(*("NULL" if v is None else str(v) for v in row))
-    Console().print(table)
 
 
 @app.command()
-def status(run_dir: RunDir = Path("runs/quickstart")) -> None:
-    """One line per round: held-out success, failures by mode, tasks generated."""
+def export(
+    kind: Annotated[str, typer.Argument(help="parquet | hf | dpo | verl")],
+    out: Annotated[Path, typer.Option("--out", help="where to write (folder or file, per kind)")],
+    run_dir: RunDir = Path("runs/quickstart"),
+) -> None:
+    """Export a run's store: `parquet` (every table), `hf` (tasks as a datasets.Dataset), `dpo`
+    (preference pairs from GRPO groups, JSONL) or `verl` (active tasks as veRL RL Parquet)."""
+    from sentinel.export import EXPORTERS, ExportError
+    from task_store import SchemaVersionError, StoreLockedError
+
+    if kind not in EXPORTERS:
+        _fail(f"unknown export kind {kind!r}; choose one of {', '.join(EXPORTERS)}")
+    store = _store(run_dir)
+    try:
+        summary = EXPORTERS[kind](store, out)
+    except (ExportError, SchemaVersionError, StoreLockedError) as exc:
+        _fail(str(exc))
+    typer.echo(summary)
+
+
+@app.command()
+def status(
+    run_dir: RunDir = Path("runs/quickstart"),
+    watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=0.2,
+                                            help="seconds between refreshes")] = 5.0,
+) -> None:
+    """One line per round: held-out success, failures, generation, training metrics.
+
+    `--watch` refreshes while a loop runs (read-only; waits while a commit holds the store)."""
+    import json
+    import time
+
     from rich.console import Console
     from rich.table import Table
 
     store = _store(run_dir)
-    _, rounds = store.query(
-        "SELECT round, heldout_success, heldout_greedy, train_success, n_proposed, n_accepted, "
-        "n_rejected FROM rounds ORDER BY round")
-    _, modes = store.query(
-        "SELECT round, mode, count(*) FROM failures GROUP BY ALL ORDER BY round, 3 DESC")
-    by_round: dict[int, list[str]] = {}
-    for r, mode, n in modes:
-        by_round.setdefault(r, []).append(f"{mode}={n}")
-    table = Table("round", "held-out", "greedy", "train", "failures by mode",
-                  "generated (proposed/accepted/rejected)")
+    console = Console()
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
-    for r, held, greedy, train, proposed, accepted, rejected in rounds:
-        table.add_row(str(r), pct(held), pct(greedy), pct(train), ", ".join(by_round.get(r, [])),
-                      "-" if r == 0 else f"{proposed}/{accepted}/{rejected}")
-    Console().print(table)
+    def train_metrics(text: str | None) -> str:
+        m = json.loads(text or "{}")
+        keys = ("loss", "kl", "clip_ratio", "entropy", "grad_norm")
+        if not any(k in m for k in keys):  # round 0: the SFT cold start's own metrics
+            keys = ("sft/loss", "sft/grad_norm")
+        return " ".join(f"{k}={m[k]:.3g}" for k in keys if isinstance(m.get(k), int | float))
+
+    def table(last: int | None = None) -> Table:
+        _, rounds = store.query(
+            "SELECT round, heldout_success, heldout_greedy, train_success, n_proposed, "
+            "n_accepted, n_rejected, metrics FROM rounds ORDER BY round")
+        _, modes = store.query(
+            "SELECT round, mode, count(*) FROM failures GROUP BY ALL ORDER BY round, 3 DESC")
+        by_round: dict[int, list[str]] = {}
+        for r, mode, n in modes:
+            by_round.setdefault(r, []).append(f"{mode}={n}")
+        out = Table("round", "held-out", "greedy", "train", "failures by mode",
+                    "generated (proposed/accepted/rejected)", "training metrics")
+        shown = rounds if last is None else rounds[-last:]
+        for r, held, greedy, train, proposed, accepted, rejected, metrics in shown:
+            out.add_row(str(r), pct(held), pct(greedy), pct(train),
+                        ", ".join(by_round.get(r, [])),
+                        "-" if r == 0 else f"{proposed}/{accepted}/{rejected}",
+                        train_metrics(metrics))
+        return out
+
+    if not watch:
+        console.print(table())
+        return
+    from rich.live import Live
+
+    # Show the latest rounds that fit the terminal (rows may wrap to two lines); the store is
+    # reopened read-only on every refresh.
+    fit = max((console.height - 7) // 2, 3) if console.is_terminal else None
+    try:
+        with Live(table(fit), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(table(fit), refresh=True)
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def report(
+    run_dir: RunDir = Path("runs/quickstart"),
+    out: Annotated[Path | None, typer.Option("--out", help="HTML file "
+                                             "(default: <run-dir>/report.html)")] = None,
+) -> None:
+    """Write a self-contained HTML report of a run (plots, lineage gallery, config, timing)."""
+    from sentinel.report import build_report
+
+    path = build_report(_store(run_dir).path, out)
+    typer.echo(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
 def main() -> None:

@@ -17,9 +17,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from sentinel.env.environment import EnvConfig
+from sentinel.env.parser import PARSERS
+from sentinel.logging import LoggingConfig
 from sentinel.policy import TinyPolicyConfig
 from sentinel.rewards import RewardConfig
 from trainers.grpo import GRPOConfig
@@ -45,6 +55,37 @@ class FamilyEntry(Section):
     name: str = Field(description="built-in family name or module:Class")
     weight: float = Field(1.0, gt=0, description="share of the base distribution")
     config: dict[str, Any] = Field(default_factory=dict)
+
+    # Both checked at load, not when the loop first builds the family: a typo must not cost a run.
+    @field_validator("name")
+    @classmethod
+    def _known_family(cls, v: str) -> str:
+        from sentinel.tasks import family_class
+
+        try:
+            family_class(v)
+        except KeyError as exc:
+            raise ValueError(exc.args[0]) from None
+        except (ImportError, AttributeError, TypeError) as exc:
+            raise ValueError(f"cannot load task family {v!r}: {exc}") from None
+        return v
+
+    @field_validator("config")
+    @classmethod
+    def _family_config(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if "name" not in info.data:  # the name's own error is already reported
+            return v
+        from sentinel.tasks import family_class
+
+        try:
+            family_class(info.data["name"]).config_model.model_validate(v)
+        except ValidationError as exc:
+            raise ValueError("; ".join(
+                f"unknown key '{'.'.join(map(str, e['loc']))}'" if e["type"] == "extra_forbidden"
+                else ".".join(map(str, e["loc"])) + ": " * bool(e["loc"])
+                + e["msg"].removeprefix("Value error, ")
+                for e in exc.errors())) from None
+        return v
 
 
 class RolloutConfig(Section):
@@ -88,6 +129,9 @@ class CurriculumConfig(Section):
         0.9, gt=0, le=1, description="tasks passing at least this often are skipped"
     )
     mastery_min_samples: int = Field(8, ge=1, description="samples before a task can be mastered")
+    drop_zero_variance: bool = Field(
+        False, description="drop groups whose rewards are all equal (DAPO dynamic sampling)"
+    )
 
     @model_validator(mode="after")
     def _fractions(self) -> CurriculumConfig:
@@ -99,6 +143,36 @@ class CurriculumConfig(Section):
 class GenerationConfig(Section):
     time_limit_s: float = Field(30.0, gt=0, description="per generator, per round")
     budget: int = Field(64, ge=0, description="candidates per generator per round")
+    probe: bool = Field(False, description="difficulty-probe accepted tasks with the policy")
+    probe_samples: int = Field(4, ge=1, description="policy attempts per probed task")
+    probe_band: tuple[float, float] = Field(
+        (0.05, 0.75), description="kept pass rates, bounds included: [lo, hi]"
+    )
+    probe_budget: int = Field(64, ge=0, description="most tasks probed per round, all generators")
+
+    @field_validator("probe_band")
+    @classmethod
+    def _band(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not 0.0 <= v[0] <= v[1] <= 1.0:
+            raise ValueError(f"probe_band must be [lo, hi] with 0 <= lo <= hi <= 1, got {list(v)}")
+        return v
+
+
+def _check_builtin_generator(i: int, spec: dict[str, Any]) -> None:
+    """Validate a built-in generator's options now, so a typo fails at config load; plugins are
+    validated when the loop loads them."""
+    from generators.registry import BUILTIN
+
+    cls = BUILTIN.get(spec["type"])
+    if cls is None:
+        return
+    try:
+        cls.config_model.model_validate(spec)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"generators.{i}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"generator {spec['type']!r}: {problems}") from None
 
 
 class SentinelConfig(Section):
@@ -115,6 +189,7 @@ class SentinelConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     generators: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"type": "mutate"}],
         description="generator specs: {type: name | module:Class, ...its config}",
@@ -132,7 +207,9 @@ class SentinelConfig(Section):
     def _generators(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for i, spec in enumerate(v):
             if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
-                raise ValueError(f"entry {i} needs a string 'type' (a built-in or module:Class)")
+                raise ValueError(f"entry {i} needs a string 'type' (generators.{i}.type: a "
+                                 "built-in or module:Class)")
+            _check_builtin_generator(i, spec)
         return v
 
     @model_validator(mode="after")
@@ -143,6 +220,13 @@ class SentinelConfig(Section):
                 f"({self.rollout.temperature}): the importance ratio compares log-probs under the "
                 "sampling distribution"
             )
+        if self.env.max_turn_tokens > self.env.max_tokens:
+            raise ValueError(
+                f"env.max_turn_tokens ({self.env.max_turn_tokens}) must not exceed env.max_tokens "
+                f"({self.env.max_tokens}): one turn cannot be longer than the whole episode"
+            )
+        if self.env.parser not in PARSERS:
+            raise ValueError(f"env.parser {self.env.parser!r} is not one of {', '.join(PARSERS)}")
         return self
 
 
@@ -156,7 +240,8 @@ def _format_error(exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
         shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-        lines.append(f"config key '{key}': {msg}{shown}")
+        # A cross-field rule (no location of its own) names its keys in the message.
+        lines.append(f"config key '{key}': {msg}{shown}" if err["loc"] else f"config: {msg}")
     return "\n".join(lines)
 
 

@@ -7,14 +7,22 @@
 - **base**: fresh draws from the families' base distribution (weighted by family), never a
   held-out task.
 Tasks the policy has mastered (pass rate at least `mastery_threshold` over at least
-`mastery_min_samples` samples) are skipped. Interface (as prime-rl's samplers): `sample`,
-`observe`, `state_dict` / `load_state_dict`, `metrics`.
+`mastery_min_samples` samples) are skipped; `mastered_tasks()` lists them for the `escalate`
+generator. Interface (as prime-rl's samplers): `sample`, `observe`, `state_dict` /
+`load_state_dict`, `metrics`.
+
+Zero-variance groups (DAPO dynamic sampling): after a step's rollouts the loop hands the group
+rewards to `filter_zero_variance`, which returns the groups worth training on. A group whose
+rewards are all equal has zero advantage everywhere: with `drop_zero_variance` it is dropped, so
+it does not dilute a token-mean loss. Unlike DAPO, no extra groups are sampled to refill the batch
+(a step may train on fewer groups, or on none). Dropped groups are counted in `metrics` either
+way (`zero_variance_groups`: this step; `zero_variance_dropped`: the run so far).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +42,8 @@ class TaskStats:
 class Curriculum:
     def __init__(self, base_sampler: Callable[[random.Random], Task], *, mined_fraction: float,
                  replay_fraction: float, mastery_threshold: float, mastery_min_samples: int,
-                 seed: int, excluded_ids: set[str] | None = None) -> None:
+                 seed: int, excluded_ids: set[str] | None = None,
+                 drop_zero_variance: bool = False) -> None:
         self.base_sampler = base_sampler
         self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
         self.mastery_threshold, self.mastery_min_samples = mastery_threshold, mastery_min_samples
@@ -44,6 +53,9 @@ class Curriculum:
         self.mined: list[str] = []  # generated task ids, oldest first
         self.stats: dict[str, TaskStats] = {}
         self._last: dict[str, int] = {"mined": 0, "replay": 0, "base": 0}
+        self.drop_zero_variance = drop_zero_variance
+        self._zero_variance_last = 0
+        self.zero_variance_dropped = 0
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -55,6 +67,21 @@ class Curriculum:
         s = self.stats.get(task_id)
         return (s is not None and s.attempts >= self.mastery_min_samples
                 and s.pass_rate >= self.mastery_threshold)
+
+    def mastered_tasks(self) -> list[Task]:
+        """Tasks the policy has mastered (see `mastered`), in the order they were first seen."""
+        return [self.tasks[t] for t in self.stats if t in self.tasks and self.mastered(t)]
+
+    def filter_zero_variance(self, group_rewards: Mapping[str, Sequence[float]]) -> set[str]:
+        """The group ids to train on: all of them, or, with `drop_zero_variance`, those whose
+        rewards are not all equal (within 1e-9). Counts the zero-variance groups either way."""
+        flat = {g for g, rewards in group_rewards.items()
+                if len(rewards) > 0 and max(rewards) - min(rewards) <= 1e-9}
+        self._zero_variance_last = len(flat)
+        if not self.drop_zero_variance:
+            return set(group_rewards)
+        self.zero_variance_dropped += len(flat)
+        return set(group_rewards) - flat
 
     def _fresh_mined(self) -> list[str]:
         """Unmastered generated tasks, newest first, untried before tried."""
@@ -86,7 +113,8 @@ class Curriculum:
             self.tasks.setdefault(task.task_id, task)
             chosen.append(task.task_id)
             seen.add(task.task_id)
-        self._last = {"mined": n_mined, "replay": n_replay, "base": len(chosen) - n_mined - n_replay}
+        n_base = len(chosen) - n_mined - n_replay
+        self._last = {"mined": n_mined, "replay": n_replay, "base": n_base}
         return [self.tasks[t] for t in chosen]
 
     def observe(self, task_id: str, successes: int, attempts: int) -> None:
@@ -101,6 +129,8 @@ class Curriculum:
             "curriculum/base_in_batch": float(self._last["base"]),
             "curriculum/mined_pool": float(len(self.mined)),
             "curriculum/mastered": float(sum(self.mastered(t) for t in self.stats)),
+            "curriculum/zero_variance_groups": float(self._zero_variance_last),
+            "curriculum/zero_variance_dropped": float(self.zero_variance_dropped),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -111,6 +141,7 @@ class Curriculum:
             "tasks": {t: self.tasks[t].to_row() for t in {*self.mined, *self.stats}
                       if t in self.tasks},
             "stats": {t: [s.attempts, s.successes] for t, s in self.stats.items()},
+            "zero_variance_dropped": self.zero_variance_dropped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -119,3 +150,4 @@ class Curriculum:
         self.mined = list(state["mined"])
         self.tasks.update({t: Task.from_row(row) for t, row in state["tasks"].items()})
         self.stats = {t: TaskStats(a, s) for t, (a, s) in state["stats"].items()}
+        self.zero_variance_dropped = int(state.get("zero_variance_dropped", 0))

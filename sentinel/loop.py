@@ -18,7 +18,10 @@ training rollouts only (held-out failures would leak the test set into training)
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import statistics
 import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
@@ -29,12 +32,13 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from sentinel.analyzer import FailureAnalyzer
+from sentinel.analyzer import FailureAnalyzer, cluster_failures
 from sentinel.config import SentinelConfig
 from sentinel.curriculum import Curriculum
 from sentinel.env.chat import ChatFormat
 from sentinel.env.environment import Episode, replay
 from sentinel.env.parser import PARSERS
+from sentinel.logging import make_logger, trl_names
 from sentinel.rewards import score
 from sentinel.rollout import run_episodes
 from sentinel.tasks import TaskFamily, load_family
@@ -42,6 +46,11 @@ from sentinel.types import Failure, Rejection, Task, Trajectory, new_id
 from task_store import Store
 
 POLICY_DIR = "policy"
+CHECKPOINT_DIR = "checkpoints"
+
+
+class LoopError(RuntimeError):
+    """A run that cannot start or continue as asked; the message says why."""
 
 
 @dataclass
@@ -54,6 +63,7 @@ class RoundRecord:
     failures: list[Failure] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)
+    clusters: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     generated: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -94,10 +104,15 @@ class Loop:
             mastery_threshold=config.curriculum.mastery_threshold,
             mastery_min_samples=config.curriculum.mastery_min_samples,
             seed=config.seed, excluded_ids={t.task_id for t in self.eval_tasks},
+            drop_zero_variance=config.curriculum.drop_zero_variance,
         )
         self.store = Store.create(self.run_dir / "sentinel.duckdb", run_id=new_id("run"),
                                   config=config.model_dump(mode="json"))
         self.history: list[dict[str, Any]] = []
+        # cluster_id -> [(round, share of rollouts)]: the analyzer's trend input.
+        self.cluster_history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.logger = make_logger(config.logging, self.run_dir,
+                                  run_config=config.model_dump(mode="json"), console=self.console)
 
     # -- tasks -------------------------------------------------------------------------------
     def _sample_base(self, rng: random.Random) -> Task:
@@ -159,7 +174,7 @@ class Loop:
         for task in tasks:
             family = self.families[task.family]
             for k in range(samples):
-                episode = Episode(task, family.tool_map(), self.chat, self.parser,
+                episode = Episode(task, family.tool_map(task.spec), self.chat, self.parser,
                                   self.config.env, random.Random(self.rng.getrandbits(64)))
                 episodes.append((task, k, episode))
         with self._progress() as progress:
@@ -188,14 +203,15 @@ class Loop:
             if task.task_id in self.curriculum.excluded_ids:
                 continue
             family = self.families[task.family]
-            turns = family.solve(task.spec, family.tool_map()).assistant_turns()
-            traj = replay(task, turns, family.tool_map(), self.chat, self.parser, self.config.env)
+            turns = family.solve(task.spec, family.tool_map(task.spec)).assistant_turns()
+            traj = replay(task, turns, family.tool_map(task.spec), self.chat, self.parser, self.config.env)
             examples.append((traj.token_ids, traj.loss_mask))
             record.tasks[task.task_id] = task
         trainer = SFTTrainer(self.model, cfg, pad_token_id=self.tokenizer.pad_token_id)
         with self._progress() as progress:
             bar = progress.add_task("SFT cold start", total=cfg.steps)
-            metrics = trainer.train(examples, on_step=lambda s, m: progress.update(bar, completed=s))
+            metrics = trainer.train(
+                examples, on_step=lambda s, m: progress.update(bar, completed=s))
         self.model.eval()
         record.metrics.update({f"sft/{k}": float(v) for k, v in metrics.items()})
         record.metrics["sft/examples"] = float(len(examples))
@@ -206,6 +222,7 @@ class Loop:
         cfg = self.config.batch
         step_metrics: list[dict[str, float]] = []
         for step in range(cfg.steps_per_round):
+            fault_point("rollout", record.round)
             with record.timed("rollout"):
                 tasks = self.curriculum.sample(cfg.tasks_per_step)
                 for t in tasks:
@@ -214,23 +231,36 @@ class Loop:
                     tasks, cfg.group_size, split="train", round=record.round,
                     group_prefix=f"r{record.round}s{step}",
                     label=f"round {record.round} step {step + 1}/{cfg.steps_per_round} rollouts")
-            metrics = dict(self.curriculum.metrics())
-            with record.timed("train"):
-                advantages = group_advantages([t.reward for t in trajs],
-                                              [t.group_id for t in trajs],
-                                              scale=self.config.grpo.scale_rewards)
-                metrics.update(self.trainer.step(trajs, advantages))
             by_task: dict[str, list[bool]] = defaultdict(list)
+            by_group: dict[str, list[float]] = defaultdict(list)
             for t in trajs:
                 by_task[t.task_id].append(t.success)
+                by_group[t.group_id].append(t.reward)
             for task_id, outcomes in by_task.items():
                 self.curriculum.observe(task_id, sum(outcomes), len(outcomes))
-            metrics["reward"] = _mean([t.reward for t in trajs]) or 0.0
+            keep = self.curriculum.filter_zero_variance(by_group)
+            batch = [t for t in trajs if t.group_id in keep]
+            metrics = dict(self.curriculum.metrics())
+            fault_point("train", record.round)
+            if batch:
+                with record.timed("train"):
+                    advantages = group_advantages([t.reward for t in batch],
+                                                  [t.group_id for t in batch],
+                                                  scale=self.config.grpo.scale_rewards)
+                    metrics.update(self.trainer.step(batch, advantages))
+            rewards = [t.reward for t in trajs]
+            metrics["reward"] = _mean(rewards) or 0.0
+            metrics["reward_std"] = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
             metrics["success"] = _mean([float(t.success) for t in trajs]) or 0.0
+            metrics["completions/mean_length"] = _mean([float(t.n_policy_tokens) for t in trajs])
+            metrics["learning_rate"] = self.trainer.scheduler.get_last_lr()[0]
+            self.logger.log(trl_names(metrics),
+                            step=(record.round - 1) * cfg.steps_per_round + step + 1)
             step_metrics.append(metrics)
             record.trajectories += trajs
-        for key in step_metrics[0]:
-            record.metrics[key] = sum(m.get(key, 0.0) for m in step_metrics) / len(step_metrics)
+        for key in {k for m in step_metrics for k in m}:
+            values = [m[key] for m in step_metrics if key in m]
+            record.metrics[key] = sum(values) / len(values)
 
     def _evaluate(self, record: RoundRecord) -> None:
         cfg = self.config.eval
@@ -267,6 +297,13 @@ class Loop:
                 failure = self.analyzer.classify(record.tasks[traj.task_id], traj)
                 if failure is not None:
                     record.failures.append(failure)
+            n_train = sum(t.split == "train" for t in record.trajectories)
+            if n_train:
+                record.clusters = cluster_failures(record.failures, record.round, n_train,
+                                                   history=self.cluster_history,
+                                                   tasks=record.tasks)
+            for row in record.clusters:
+                self.cluster_history[row["cluster_id"]].append((row["round"], row["share"]))
 
     def _generate(self, record: RoundRecord) -> list[Task]:
         from generators import GenerationContext, run_generators
@@ -276,7 +313,8 @@ class Loop:
                 round=record.round, failures=record.failures,
                 tasks={f.task_id: record.tasks[f.task_id] for f in record.failures},
                 families=self.families, rng=random.Random(self.rng.getrandbits(64)),
-                budget=self.config.generation.budget,
+                budget=self.config.generation.budget, clusters=record.clusters,
+                mastered=self.curriculum.mastered_tasks(), policy=(self.model, self.tokenizer),
             )
             pending = {t.task_id for t in self.eval_tasks} | set(self.curriculum.tasks)
 
@@ -284,14 +322,28 @@ class Loop:
                 ids = list(ids)
                 return {i for i in ids if i in pending} | self.store.existing_task_ids(ids)
 
+            gen = self.config.generation
             accepted, rejections, counts = run_generators(
-                self.generators, ctx, known_task_ids=known,
-                time_limit_s=self.config.generation.time_limit_s)
+                self.generators, ctx, known_task_ids=known, time_limit_s=gen.time_limit_s,
+                probe=(lambda tasks: self._probe(tasks, record)) if gen.probe else None,
+                probe_band=tuple(gen.probe_band), probe_budget=gen.probe_budget)
         for task in accepted:
             record.tasks[task.task_id] = task
         record.rejections += rejections
         record.generated = counts
         return accepted
+
+    def _probe(self, tasks: list[Task], record: RoundRecord) -> dict[str, float]:
+        """Difficulty probe: the current policy's pass rate on each candidate task. Probe
+        rollouts are not stored (most probed tasks are rejected and never become task rows)."""
+        with record.timed("probe"):
+            trajs = self._rollout(tasks, self.config.generation.probe_samples, split="probe",
+                                  round=record.round, group_prefix=f"r{record.round}probe",
+                                  label=f"round {record.round} difficulty probe")
+        outcomes: dict[str, list[bool]] = defaultdict(list)
+        for t in trajs:
+            outcomes[t.task_id].append(t.success)
+        return {task_id: sum(v) / len(v) for task_id, v in outcomes.items()}
 
     def _commit(self, record: RoundRecord, started: float) -> None:
         with record.timed("store"):
@@ -320,9 +372,10 @@ class Loop:
                 steps=[s.to_row(t.traj_id) for t in record.trajectories for s in t.steps],
                 failures=[f.to_row() for f in record.failures],
                 rejections=[r.to_row() for r in record.rejections],
-                evals=record.evals,
+                evals=record.evals, clusters=record.clusters,
             )
             self._save_policy()
+        self.logger.log_round(record.round, round_row)
         self.history.append(round_row)
         self._report(record, round_row)
 
@@ -341,30 +394,112 @@ class Loop:
         parts.append(f"[dim]{sum(record.timings.values()):.0f}s[/dim]")
         self.console.print("  ".join(parts))
 
+    # -- checkpoints -------------------------------------------------------------------------
+    def _checkpoint_path(self, round: int) -> Path:
+        return self.run_dir / CHECKPOINT_DIR / f"round-{round}.pt"
+
+    def _save_checkpoint(self, round: int) -> None:
+        """Written BEFORE the round's commit: a committed round always has its checkpoint, and a
+        checkpoint without a committed round is discarded on resume."""
+        from trainers.checkpoint import save_checkpoint
+
+        save_checkpoint(self._checkpoint_path(round), self.model, self.trainer, extra={
+            "round": round, "loop_rng": self.rng.getstate(),
+            "curriculum": self.curriculum.state_dict(),
+        })
+
+    def _prune_checkpoints(self, keep: int) -> None:
+        for path in (self.run_dir / CHECKPOINT_DIR).glob("round-*.pt"):
+            if int(path.stem.removeprefix("round-")) < keep:
+                path.unlink()
+
+    def _restore(self, round: int) -> None:
+        """Continue after committed round `round`: weights, optimizer, schedule, the curriculum
+        and every RNG, so the rest of the run samples exactly as an uninterrupted one."""
+        from trainers.checkpoint import load_checkpoint
+
+        for path in (self.run_dir / CHECKPOINT_DIR).glob("round-*.pt*"):
+            stem = path.name.split(".")[0]
+            if int(stem.removeprefix("round-")) > round:
+                path.unlink()  # written, but its round never committed
+        path = self._checkpoint_path(round)
+        if not path.exists():
+            raise LoopError(f"cannot resume: round {round} is committed but {path} is missing")
+        extra = load_checkpoint(path, self.model, self.trainer)
+        _, rows = self.store.query("SELECT cluster_id, round, share FROM clusters ORDER BY round")
+        for cluster_id, r, share in rows:
+            self.cluster_history[cluster_id].append((r, share))
+        version, internal, gauss = extra["loop_rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.curriculum.load_state_dict(extra["curriculum"])
+        self.model.eval()
+
     # -- driver --------------------------------------------------------------------------------
-    def run(self) -> list[dict[str, Any]]:
-        """Run round 0 (cold start) and `config.rounds` GRPO rounds; returns the round rows."""
+    def _new_trainer(self) -> None:
         from trainers.grpo import GRPOTrainer
 
-        if self.store.completed_rounds():
-            raise RuntimeError(f"{self.run_dir} already holds a run; use a fresh --run-dir")
-        self._load_policy()
-        started = time.time()
-        record = RoundRecord(round=0)
-        if self.config.sft.enabled:
-            with record.timed("sft"):
-                self._cold_start(record)
-        self._evaluate(record)
-        self._commit(record, started)
+        b = self.config.batch
+        self.trainer = GRPOTrainer(
+            self.model, self.config.grpo, pad_token_id=self.tokenizer.pad_token_id,
+            total_steps=self.config.rounds * b.steps_per_round * self.config.grpo.num_iterations)
 
-        self.trainer = GRPOTrainer(self.model, self.config.grpo,
-                                   pad_token_id=self.tokenizer.pad_token_id)
-        for r in range(1, self.config.rounds + 1):
+    def _finish_round(self, record: RoundRecord, started: float) -> None:
+        fault_point("checkpoint", record.round)
+        self._save_checkpoint(record.round)
+        fault_point("commit", record.round)
+        self._commit(record, started)
+        self._prune_checkpoints(keep=record.round)
+
+    def run(self, *, resume: bool = False) -> list[dict[str, Any]]:
+        """Run round 0 (cold start) and `config.rounds` GRPO rounds; returns the new round rows.
+
+        With `resume`, continue a run whose process died: the store says which rounds are
+        committed, the matching checkpoint restores everything else.
+        """
+        try:
+            return self._run(resume)
+        finally:
+            self.logger.close()
+
+    def _run(self, resume: bool) -> list[dict[str, Any]]:
+        done = self.store.completed_rounds()
+        if done and not resume:
+            raise LoopError(f"{self.run_dir} already holds a run; use --resume to continue it "
+                               "or a fresh --run-dir")
+        self._load_policy()
+        first = 0
+        if done:
+            if done != list(range(len(done))):
+                raise LoopError(f"{self.run_dir}: committed rounds {done} are not contiguous")
+            self._new_trainer()
+            self._restore(done[-1])
+            first = done[-1] + 1
+            self.console.print(f"resuming {self.run_dir} after round {done[-1]}")
+        if first == 0:
+            started = time.time()
+            record = RoundRecord(round=0)
+            if self.config.sft.enabled:
+                with record.timed("sft"):
+                    self._cold_start(record)
+            self._new_trainer()  # after SFT: its reference model (beta > 0) is the SFT policy
+            self._evaluate(record)
+            self._finish_round(record, started)
+            first = 1
+        for r in range(first, self.config.rounds + 1):
             started = time.time()
             record = RoundRecord(round=r)
             self._train_round(record)
             self._evaluate(record)
             self._analyze(record)
             self.curriculum.add_mined(self._generate(record))
-            self._commit(record, started)
+            self._finish_round(record, started)
         return self.history
+
+
+def fault_point(phase: str, round: int) -> None:
+    """Crash-test hook: `SENTINEL_FAULT_AT=phase:round` kills this process with SIGKILL when the
+    loop reaches that point (phases: rollout, train, checkpoint, commit). Unset, it does nothing.
+    The reliability tests use it to kill the loop at exact places, as a power cut would."""
+    target = os.environ.get("SENTINEL_FAULT_AT")
+    if target and target == f"{phase}:{round}":
+        os.kill(os.getpid(), signal.SIGKILL)

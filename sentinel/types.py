@@ -49,6 +49,12 @@ def task_id_for(family: str, spec: dict[str, Any]) -> str:
     return f"{family}-{digest[:16]}"
 
 
+def cluster_id_for(family: str, skills: list[str] | tuple[str, ...], mode: str) -> str:
+    """Id of a failure cluster: failures of one family, skill set and mode share it."""
+    key = canonical_json([family, sorted(skills), mode])
+    return f"cl-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
@@ -66,6 +72,8 @@ class Task:
     parent_task_id: str | None = None
     failure_ids: list[str] = field(default_factory=list)
     generator: str | None = None
+    target_cluster_id: str | None = None
+    probe_pass_rate: float | None = None
     task_id: str = ""
 
     def __post_init__(self) -> None:
@@ -183,7 +191,12 @@ class Failure:
     evidence: str
     skills: list[str]
     family: str = ""
+    cluster_id: str = ""
     failure_id: str = field(default_factory=lambda: new_id("fail"))
+
+    def __post_init__(self) -> None:
+        if not self.cluster_id:
+            self.cluster_id = cluster_id_for(self.family, self.skills, self.mode)
 
     def to_row(self) -> dict[str, Any]:
         return asdict(self)

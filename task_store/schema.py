@@ -1,14 +1,20 @@
-"""The Sentinel store schema (version 1), declared once.
+"""The Sentinel store schema (version 2), declared once: tables, keys and views.
 
 `COLUMNS` is the single source of truth: the DDL strings below are rendered from it, and the store
 derives the pyarrow schema of every columnar insert from it, so the two cannot drift. Column order
 is the DDL order. No FOREIGN KEY constraints on purpose (they slow bulk ingest and complicate
-deletion); the joins are documented in docs/schema.md. Bump `SCHEMA_VERSION` on any change.
+deletion); the joins are documented in docs/schema.md.
+
+Changing the schema: bump `SCHEMA_VERSION`, add the step from the previous version to
+`task_store.migrations.MIGRATIONS`, and append new columns at the END of their table (that is where
+`ALTER TABLE ... ADD COLUMN` puts them in an upgraded file, so new and upgraded files then agree on
+column order). Views live in the file (`CREATE OR REPLACE VIEW`, re-run on create and on every
+upgrade) so the plain `duckdb` CLI sees them too.
 """
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "meta": (("key", "VARCHAR"), ("value", "VARCHAR")),
@@ -46,6 +52,8 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("parent_task_id", "VARCHAR"),
         ("failure_ids", "VARCHAR[]"),
         ("generator", "VARCHAR"),
+        ("target_cluster_id", "VARCHAR"),  # v2: failure cluster a generated task aims at
+        ("probe_pass_rate", "DOUBLE"),  # v2: policy pass rate measured by the difficulty probe
     ),
     "trajectories": (
         ("traj_id", "VARCHAR"),
@@ -90,6 +98,7 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("evidence", "VARCHAR"),
         ("skills", "VARCHAR[]"),
         ("family", "VARCHAR"),
+        ("cluster_id", "VARCHAR"),  # v2: cl-<sha256[:12]> of (family, sorted skills, mode)
     ),
     "rejections": (
         ("rejection_id", "VARCHAR"),
@@ -109,6 +118,18 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("success_rate", "DOUBLE"),
         ("greedy_success", "BOOLEAN"),
     ),
+    "clusters": (  # v2: the analyzer's failure clusters, one row per round and cluster
+        ("round", "INTEGER"),
+        ("cluster_id", "VARCHAR"),
+        ("family", "VARCHAR"),
+        ("skills", "VARCHAR[]"),
+        ("mode", "VARCHAR"),
+        ("n_failures", "INTEGER"),
+        ("share", "DOUBLE"),  # n_failures / the round's train rollouts
+        ("trend", "DOUBLE"),  # slope of share over the last rounds
+        ("exemplar_traj_ids", "VARCHAR[]"),
+        ("summary", "VARCHAR"),
+    ),
 }
 
 PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
@@ -121,6 +142,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "failures": ("failure_id",),
     "rejections": ("rejection_id",),
     "evals": ("round", "task_id"),
+    "clusters": ("round", "cluster_id"),
 }
 
 
@@ -131,18 +153,180 @@ def table_ddl(table: str) -> str:
     return f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(cols) + "\n)"
 
 
-FAILURE_MODES_BY_ROUND_VIEW = """\
-CREATE OR REPLACE VIEW failure_modes_by_round AS
+
+# Generator rejections that are the generator's own crash or timeout, not a refused candidate.
+GENERATOR_ERROR_REASONS = ("generator_error", "generator_timeout")
+# How many of a task's most recent train attempts `hardest_tasks` looks at, and the fewest it needs.
+HARDEST_WINDOW, HARDEST_MIN_ATTEMPTS = 16, 4
+# `failure_patterns.trend` is the slope over this many most recent rounds with train rollouts.
+TREND_ROUNDS = 3
+# `task_lineage` follows at most this many parent links (a guard against a corrupt cycle).
+LINEAGE_MAX_DEPTH = 64
+
+# Train rollouts per round: the denominator of every "share".
+_TRAIN_PER_ROUND = (
+    "SELECT round, count(*) AS n_train FROM trajectories WHERE split = 'train' GROUP BY round"
+)
+
+VIEWS: dict[str, str] = {
+    "failure_modes_by_round": f"""\
 WITH f AS (
     SELECT round, mode, count(*) AS n_failures FROM failures GROUP BY round, mode
-), t AS (
-    SELECT round, count(*) AS n_train FROM trajectories WHERE split = 'train' GROUP BY round
-)
+), t AS ({_TRAIN_PER_ROUND})
 SELECT f.round, f.mode, f.n_failures,
        f.n_failures / NULLIF(t.n_train, 0) AS share_of_rollouts
 FROM f LEFT JOIN t ON f.round = t.round
-ORDER BY f.round, f.mode"""
+ORDER BY f.round, f.mode""",
+    # Aggregate per (round, task) before unnesting skills: the join then touches one row per task
+    # and round instead of one per rollout. Held-out numbers come from `evals` (the loop's per-task
+    # tally of the sampled eval attempts), so greedy attempts are never mixed in.
+    "skill_mastery": """\
+WITH per_task AS (
+    SELECT round, 'train' AS split, task_id, count(*) AS n,
+           count(*) FILTER (WHERE success) AS successes
+    FROM trajectories WHERE split = 'train' GROUP BY round, task_id
+    UNION ALL
+    SELECT round, 'eval', task_id, k, successes FROM evals
+    UNION ALL
+    SELECT round, 'eval_greedy', task_id, 1, greedy_success::INTEGER
+    FROM evals WHERE greedy_success IS NOT NULL
+)
+SELECT p.round, p.split, s.skill, sum(p.n)::BIGINT AS n, sum(p.successes)::BIGINT AS successes,
+       sum(p.successes) / NULLIF(sum(p.n), 0) AS success_rate
+FROM per_task p JOIN tasks t ON t.task_id = p.task_id, UNNEST(t.skills) AS s(skill)
+GROUP BY p.round, p.split, s.skill
+ORDER BY p.round, p.split, s.skill""",
+    "failure_patterns": f"""\
+WITH f AS (
+    SELECT family, list_sort(skills) AS skills, mode, round, count(*) AS n,
+           max(cluster_id) AS cluster_id
+    FROM failures GROUP BY family, list_sort(skills), mode, round
+), t AS ({_TRAIN_PER_ROUND}),
+recent AS (SELECT round, n_train FROM t ORDER BY round DESC LIMIT {TREND_ROUNDS}),
+patterns AS (
+    SELECT family, skills, mode, max(cluster_id) AS cluster_id, sum(n)::BIGINT AS n_failures,
+           min(round) AS first_round, max(round) AS last_round
+    FROM f GROUP BY family, skills, mode
+), trends AS (
+    SELECT p.family, p.skills, p.mode,
+           regr_slope(coalesce(f.n, 0) / r.n_train, r.round) AS trend
+    FROM patterns p CROSS JOIN recent r
+    LEFT JOIN f ON f.family IS NOT DISTINCT FROM p.family AND f.skills = p.skills
+               AND f.mode IS NOT DISTINCT FROM p.mode AND f.round = r.round
+    GROUP BY p.family, p.skills, p.mode
+)
+SELECT p.family, p.skills, p.mode, p.cluster_id, p.n_failures, p.first_round, p.last_round,
+       tr.trend
+FROM patterns p LEFT JOIN trends tr
+  ON tr.family IS NOT DISTINCT FROM p.family AND tr.skills = p.skills
+ AND tr.mode IS NOT DISTINCT FROM p.mode
+ORDER BY p.n_failures DESC, p.family, p.mode, p.skills""",
+    # A targeted cluster "shrank" when its pooled failure share over the rounds after the
+    # generator's first task aimed at it is below its share in that round (the round whose
+    # failures the task was mined from). Clusters with no later round yet do not count.
+    "generator_yield": f"""\
+WITH t AS ({_TRAIN_PER_ROUND}),
+cf AS (
+    SELECT cluster_id, round, count(*) AS n FROM failures
+    WHERE cluster_id IS NOT NULL GROUP BY cluster_id, round
+), gen AS (
+    SELECT generator, count(*) AS accepted, count(DISTINCT target_cluster_id) AS targeted_clusters
+    FROM tasks WHERE origin = 'generated' GROUP BY generator
+), targets AS (
+    SELECT generator, target_cluster_id AS cluster_id, min(created_round) AS c
+    FROM tasks WHERE origin = 'generated' AND target_cluster_id IS NOT NULL
+    GROUP BY generator, target_cluster_id
+), shares AS (
+    SELECT g.generator, g.cluster_id,
+           sum(coalesce(cf.n, 0)) FILTER (WHERE t.round = g.c)
+             / NULLIF(sum(t.n_train) FILTER (WHERE t.round = g.c), 0) AS share_at,
+           sum(coalesce(cf.n, 0)) FILTER (WHERE t.round > g.c)
+             / NULLIF(sum(t.n_train) FILTER (WHERE t.round > g.c), 0) AS share_after
+    FROM targets g JOIN t ON t.round >= g.c
+    LEFT JOIN cf ON cf.cluster_id = g.cluster_id AND cf.round = t.round
+    GROUP BY g.generator, g.cluster_id
+), shrank AS (
+    SELECT generator, count(*) FILTER (WHERE share_after < share_at) AS clusters_shrank
+    FROM shares GROUP BY generator
+), rej AS (
+    SELECT generator, reason, count(*) AS n FROM rejections GROUP BY generator, reason
+), rej_by_gen AS (
+    SELECT generator,
+           sum(n) FILTER (WHERE reason NOT IN {GENERATOR_ERROR_REASONS}) AS rejected,
+           sum(n) FILTER (WHERE reason IN {GENERATOR_ERROR_REASONS}) AS errors,
+           map_from_entries(list((reason, n) ORDER BY reason)
+                            FILTER (WHERE reason NOT IN {GENERATOR_ERROR_REASONS}))
+             AS rejected_by_reason
+    FROM rej GROUP BY generator
+), names AS (SELECT generator FROM gen UNION SELECT generator FROM rej_by_gen)
+SELECT n.generator,
+       (coalesce(g.accepted, 0) + coalesce(r.rejected, 0))::BIGINT AS proposed,
+       coalesce(g.accepted, 0)::BIGINT AS accepted,
+       coalesce(r.rejected, 0)::BIGINT AS rejected,
+       coalesce(r.errors, 0)::BIGINT AS errors,
+       coalesce(r.rejected_by_reason, MAP {{}}::MAP(VARCHAR, BIGINT)) AS rejected_by_reason,
+       coalesce(g.targeted_clusters, 0)::BIGINT AS targeted_clusters,
+       coalesce(s.clusters_shrank, 0)::BIGINT AS clusters_shrank
+FROM names n
+LEFT JOIN gen g ON g.generator IS NOT DISTINCT FROM n.generator
+LEFT JOIN rej_by_gen r ON r.generator IS NOT DISTINCT FROM n.generator
+LEFT JOIN shrank s ON s.generator IS NOT DISTINCT FROM n.generator
+ORDER BY n.generator""",
+    # Depth 0 is the task itself, so every task appears and "all descendants of X" is
+    # `WHERE ancestor_id = X`. A parent id missing from `tasks` still appears, with NULL origin.
+    "task_lineage": f"""\
+WITH RECURSIVE chain(task_id, ancestor_id, depth) AS (
+    SELECT task_id, task_id, 0 FROM tasks
+    UNION ALL
+    SELECT c.task_id, p.parent_task_id, c.depth + 1
+    FROM chain c JOIN tasks p ON p.task_id = c.ancestor_id
+    WHERE p.parent_task_id IS NOT NULL AND c.depth < {LINEAGE_MAX_DEPTH}
+)
+SELECT c.task_id, c.ancestor_id, c.depth, a.origin AS ancestor_origin,
+       a.generator AS ancestor_generator, a.failure_ids
+FROM chain c LEFT JOIN tasks a ON a.task_id = c.ancestor_id
+ORDER BY c.task_id, c.depth""",
+    # Exact "last N attempts" without sorting every rollout: per (task, round) counts, a running
+    # total over rounds newest first, whole rounds while the total stays within N, and a window
+    # over the rollouts of the one boundary round per task only (3-4x faster at 1M rollouts).
+    "hardest_tasks": f"""\
+WITH per_round AS (
+    SELECT task_id, round, count(*) AS n, count(*) FILTER (WHERE success) AS s
+    FROM trajectories WHERE split = 'train' GROUP BY task_id, round
+), upto AS (
+    SELECT task_id, round, n, s,
+           sum(n) OVER (PARTITION BY task_id ORDER BY round DESC ROWS UNBOUNDED PRECEDING)
+             AS newer_or_same
+    FROM per_round
+    QUALIFY newer_or_same - n < {HARDEST_WINDOW}
+), whole AS (
+    SELECT task_id, n, s FROM upto WHERE newer_or_same <= {HARDEST_WINDOW}
+), boundary AS (
+    SELECT tr.task_id, tr.success,
+           {HARDEST_WINDOW} - (u.newer_or_same - u.n) AS take,
+           row_number() OVER (PARTITION BY tr.task_id
+                              ORDER BY tr.group_id DESC, tr.sample_idx DESC, tr.traj_id DESC) AS k
+    FROM trajectories tr
+    JOIN upto u ON u.task_id = tr.task_id AND u.round = tr.round
+    WHERE tr.split = 'train' AND u.newer_or_same > {HARDEST_WINDOW}
+), per_task AS (
+    SELECT task_id, sum(n)::BIGINT AS attempts, sum(s)::BIGINT AS successes
+    FROM (
+        SELECT task_id, n, s FROM whole
+        UNION ALL
+        SELECT task_id, count(*), count(*) FILTER (WHERE success) FROM boundary
+        WHERE k <= take GROUP BY task_id
+    )
+    GROUP BY task_id HAVING sum(n) >= {HARDEST_MIN_ATTEMPTS}
+)
+SELECT p.task_id, t.family, t.origin, p.attempts, p.successes,
+       p.successes / p.attempts AS pass_rate
+FROM per_task p LEFT JOIN tasks t ON t.task_id = p.task_id
+ORDER BY pass_rate, p.attempts DESC, p.task_id""",
+}
 
 TABLE_DDL: dict[str, str] = {table: table_ddl(table) for table in COLUMNS}
-VIEW_DDL: tuple[str, ...] = (FAILURE_MODES_BY_ROUND_VIEW,)
+VIEW_DDL: tuple[str, ...] = tuple(
+    f"CREATE OR REPLACE VIEW {name} AS\n{body}" for name, body in VIEWS.items()
+)
 DDL: tuple[str, ...] = (*TABLE_DDL.values(), *VIEW_DDL)

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from sentinel.analyzer import DETECTORS, FailureAnalyzer, cluster_key
+from sentinel.analyzer import (
+    DETECTORS,
+    FailureAnalyzer,
+    cluster_failures,
+    cluster_key,
+    share_trend,
+)
 from sentinel.tasks import load_family
-from sentinel.types import FAILURE_MODES, Step, Task, Trajectory
+from sentinel.types import FAILURE_MODES, Failure, Step, Task, Trajectory, cluster_id_for
 
 ARITH = load_family("arith")
 TASK: Task = ARITH.make_task({"expr": "(3+4)*5"})
@@ -73,14 +79,15 @@ CASES = {
             call(0, "3+4", "7"),
             Step(
                 1,
-                "<tool_response>35</tool_response>",
+                '<tool_call>{"name": "calculator", "arguments": {"expression": "7*5"}}'
+                "</tool_call><tool_response>36</tool_response>",
                 "tool_call",
                 tool="calculator",
                 arguments={"expression": "7*5"},
                 observation="35",
                 hallucinated=True,
             ),
-            answer(2, "34"),
+            answer(2, "36"),
         ],
         "answer",
         1,
@@ -293,3 +300,102 @@ def test_cluster_key_groups_by_family_sorted_skills_and_mode():
     failure = classify(*CASES["premature_answer"][:2])
     failure.skills = ["steps:2", "op:add", "parens"]
     assert cluster_key(failure) == ("arith", ("op:add", "parens", "steps:2"), "premature_answer")
+
+
+# -- rules fixed against the labelled corpus ------------------------------------------------------
+def echo(i: int, expression: str, observation: str, echoed: str) -> Step:
+    """A call whose turn also writes a <tool_response> with `echoed` in it."""
+    step = call(i, expression, observation, hallucinated=True)
+    step.text += f"<tool_response>{echoed}</tool_response>"
+    return step
+
+
+def test_echoing_the_true_observation_is_not_the_cause():
+    steps = [call(0, "3+4", "7"), echo(1, "7*5", "35", "35"), answer(2, "34")]
+    assert classify(steps).mode == "wrong_answer"
+    steps = [call(0, "3+4", "7"), echo(1, "7*5", "35", "36"), answer(2, "36")]
+    assert (classify(steps).mode, classify(steps).first_error_step) == (
+        "hallucinated_observation",
+        1,
+    )
+
+
+def test_loop_counts_normalised_non_consecutive_repeats_beyond_the_reference():
+    cycling = [call(i, e, o) for i, (e, o) in enumerate([("3+4", "7"), ("7*5", "35")] * 3)]
+    failure = classify(cycling, "max_turns")
+    assert (failure.mode, failure.first_error_step) == ("loop", 2)
+    spaced = [call(0, "3+4", "7"), call(1, "3 + 4", "7"), call(2, " 3+4", "7")]
+    assert classify(spaced, "max_turns").mode == "loop"
+    # (2*2)+(2*2)+(2*2) needs 2*2 three times: doing so is the work, not a loop.
+    task = ARITH.make_task({"expr": "2*2+2*2+2*2"})
+    steps = [call(0, "2*2", "4"), call(1, "2*2", "4"), call(2, "2*2", "4"), call(3, "4+4", "8")]
+    traj = trajectory(steps, "max_turns")
+    traj.task_id = task.task_id
+    assert FailureAnalyzer({"arith": ARITH}).classify(task, traj).mode == "no_answer"
+
+
+def test_giving_up_in_prose_after_a_tool_failure_is_the_tool_failure():
+    steps = [call(0, "3+4", "7"), failed(1, "7*5", "timeout"), Step(2, "It is down.", "text")]
+    failure = classify(steps, "stop")
+    assert (failure.mode, failure.first_error_step) == ("tool_error_unrecovered", 1)
+
+
+def test_a_failed_call_is_recovered_only_by_the_same_call():
+    steps = [failed(0, "3+4", "timeout"), call(1, "8*5", "40"), answer(2, "40")]
+    assert classify(steps).mode == "tool_error_unrecovered"
+
+
+def test_repeating_a_call_is_not_progress_but_obtaining_the_result_is():
+    failure = classify([call(0, "3+4", "7"), call(1, "3+4", "7"), answer(2, "7")])
+    assert (failure.mode, failure.first_error_step) == ("premature_answer", 2)
+    failure = classify([call(0, "(3+4)*5", "35"), answer(1, "53")])
+    assert (failure.mode, failure.first_error_step) == ("wrong_answer", 1)
+
+
+def test_recovered_slips_do_not_move_the_first_error():
+    unknown = Step(0, "", "tool_call", tool="mul", arguments={}, error_kind="unknown_tool")
+    failure = classify([unknown, call(1, "3+4", "7"), call(2, "7*5", "35"), answer(3, "34")])
+    assert (failure.mode, failure.first_error_step) == ("wrong_answer", 3)
+
+
+# -- clusters -------------------------------------------------------------------------------------
+def _failure(task: Task, mode: str, traj: str, step: int | None = 1) -> Failure:
+    return Failure(traj, task.task_id, 5, mode, step, f"evidence of {traj}", task.skills, "arith")
+
+
+def test_cluster_failures_rows():
+    other = ARITH.make_task({"expr": "(2+9)*4"})  # same skills as TASK
+    failures = [
+        _failure(TASK, "wrong_answer", "t1"),
+        _failure(TASK, "wrong_answer", "t2"),
+        _failure(other, "wrong_answer", "t3", step=2),
+        _failure(other, "wrong_answer", "t4"),
+        _failure(TASK, "loop", "t5"),
+    ]
+    cid = cluster_id_for("arith", TASK.skills, "wrong_answer")
+    history = {cid: [(1, 0.9), (2, 0.0), (3, 0.1), (4, 0.2), (7, 0.9)]}
+    rows = cluster_failures(failures, 5, 40, history, exemplars=2, tasks={TASK.task_id: TASK})
+    assert [r["mode"] for r in rows] == ["wrong_answer", "loop"]
+    row = rows[0]
+    assert set(row) == {
+        "round", "cluster_id", "family", "skills", "mode", "n_failures", "share", "trend",
+        "exemplar_traj_ids", "summary",
+    }
+    assert (row["round"], row["cluster_id"], row["n_failures"]) == (5, cid, 4)
+    assert row["skills"] == sorted(TASK.skills) and row["family"] == "arith"
+    assert row["share"] == pytest.approx(0.1)
+    # rounds 2, 3, 4 (shares 0, .1, .2) and this round (.1): slope 0.04; rounds 1 and 7 ignored
+    assert row["trend"] == pytest.approx(0.04)
+    assert row["exemplar_traj_ids"] == ["t1", "t3"]  # distinct tasks first
+    summary = row["summary"]
+    assert summary.startswith("arith | op:add, op:mul, parens, steps:2 | wrong_answer: 4 failures")
+    assert "10% of rollouts, rising" in summary and "first error usually at step 1" in summary
+    assert '{"expr":"(3+4)*5"}' in summary and "evidence of t1" in summary
+    assert rows[1]["trend"] == 0.0 and "new" in rows[1]["summary"]
+    with pytest.raises(ValueError, match="n_rollouts"):
+        cluster_failures(failures, 5, 0)
+
+
+def test_share_trend():
+    assert share_trend([(1, 0.3), (2, 0.2), (3, 0.1)]) == pytest.approx(-0.1)
+    assert share_trend([(2, 0.3), (2, 0.1)]) == 0.0

@@ -170,7 +170,8 @@ def test_metrics_before_sampling() -> None:
     assert _curriculum().metrics() == {
         "curriculum/mined_in_batch": 0.0, "curriculum/replay_in_batch": 0.0,
         "curriculum/base_in_batch": 0.0, "curriculum/mined_pool": 0.0,
-        "curriculum/mastered": 0.0}
+        "curriculum/mastered": 0.0, "curriculum/zero_variance_groups": 0.0,
+        "curriculum/zero_variance_dropped": 0.0}
 
 
 def test_base_sampler_draws_from_the_curriculum_rng() -> None:
@@ -184,3 +185,36 @@ def test_base_sampler_draws_from_the_curriculum_rng() -> None:
                      mastery_min_samples=8, seed=0)
     cur.sample(2)
     assert seen and all(r is cur.rng for r in seen)
+
+
+def test_metrics_count_zero_variance_groups() -> None:
+    groups = {"g-flat": [1.0, 1.0, 1.0], "g-mixed": [0.0, 1.0, 1.0], "g-zero": [0.2, 0.2]}
+    keep_all = _curriculum()
+    assert keep_all.filter_zero_variance(groups) == set(groups)
+    assert keep_all.metrics()["curriculum/zero_variance_groups"] == 2.0
+    assert keep_all.metrics()["curriculum/zero_variance_dropped"] == 0.0
+    dropping = Curriculum(ARITH.sample_task, mined_fraction=0.0, replay_fraction=0.0,
+                          mastery_threshold=0.9, mastery_min_samples=8, seed=0,
+                          drop_zero_variance=True)
+    assert dropping.filter_zero_variance(groups) == {"g-mixed"}
+    assert dropping.filter_zero_variance({"g-new": [0.0, 0.5]}) == {"g-new"}
+    metrics = dropping.metrics()
+    assert metrics["curriculum/zero_variance_groups"] == 0.0  # this step's
+    assert metrics["curriculum/zero_variance_dropped"] == 2.0  # the run's
+    restored = Curriculum(ARITH.sample_task, mined_fraction=0.0, replay_fraction=0.0,
+                          mastery_threshold=0.9, mastery_min_samples=8, seed=0,
+                          drop_zero_variance=True)
+    restored.load_state_dict(json.loads(json.dumps(dropping.state_dict())))
+    assert restored.metrics()["curriculum/zero_variance_dropped"] == 2.0
+
+
+def test_mastered_tasks_lists_the_tasks_to_escalate() -> None:
+    cur = _curriculum(SMALL, mined=0.0, min_samples=4)
+    batch = cur.sample(4)
+    cur.observe(batch[2].task_id, 4, 4)
+    cur.observe(batch[0].task_id, 1, 4)
+    cur.observe(batch[1].task_id, 3, 4)
+    assert _ids(cur.mastered_tasks()) == [batch[2].task_id, batch[1].task_id]
+    restored = _curriculum(SMALL, mined=0.0, min_samples=4)
+    restored.load_state_dict(json.loads(json.dumps(cur.state_dict())))
+    assert [t.spec for t in restored.mastered_tasks()] == [t.spec for t in cur.mastered_tasks()]

@@ -14,11 +14,16 @@ import pytest
 from pydantic import Field
 
 from generators import (
+    REJECTION_REASONS,
+    DecomposeGenerator,
+    EscalateConfig,
+    EscalateGenerator,
     GenerationContext,
     GeneratorConfig,
     GeneratorLoadError,
     MutateConfig,
     MutateGenerator,
+    Unparseable,
     load_generator,
     run_generators,
     validate_candidates,
@@ -372,3 +377,118 @@ def test_budget_cuts_and_cross_generator_duplicates():
     assert stats["mine"] == {"proposed": 2, "accepted": 1, "rejected": 1, "errors": 0}
     assert [r.reason for r in rejections] == ["duplicate"]
     assert len(tasks) == 4
+
+
+# -- decompose ------------------------------------------------------------------------------------
+def test_decompose_gives_the_failing_step_then_the_steps_before_it():
+    parent = ARITH.make_task({"expr": "(2+3)*(4+1)-6"})  # ops: 2+3, 4+1, 5*5, 25-6
+    fail = failure(parent)
+    fail.first_error_step = 2
+    candidates = list(DecomposeGenerator().generate(context([fail], [parent])))
+    assert [c.spec["expr"] for c in candidates] == ["(2+3)*(4+1)", "4+1", "2+3"]
+    for c in candidates:
+        assert (c.parent_task_id, c.failure_ids, c.generator) == (
+            parent.task_id, [fail.failure_id], "decompose")
+    # A first error beyond the reference maps to its last step, whose sub-problem for arith is
+    # the whole task (skipped): only the stepping stones before it remain.
+    fail.first_error_step = 9
+    gen = load_generator({"type": "decompose", "lead_up": False})
+    assert list(gen.generate(context([fail], [parent]))) == []
+    gen = load_generator({"type": "decompose", "per_failure": 1})
+    assert [c.spec["expr"] for c in gen.generate(context([fail], [parent]))] == ["(2+3)*(4+1)"]
+    tasks, rejections = validate(candidates)
+    assert not rejections and {t.parent_task_id for t in tasks} == {parent.task_id}
+
+
+def test_decompose_filters_modes_and_skips_unknown_steps():
+    parent = ARITH.make_task({"expr": "(3+4)*5"})
+    loop, no_step = failure(parent, "loop"), failure(parent, "no_answer")
+    no_step.first_error_step = None
+    gen = load_generator({"type": "decompose", "modes": ["wrong_answer"]})
+    assert list(gen.generate(context([loop, no_step], [parent]))) == []
+    assert [c.spec for c in DecomposeGenerator().generate(context([loop], [parent]))] == [
+        {"expr": "3+4"}]
+    with pytest.raises(GeneratorLoadError, match="unknown failure modes"):
+        load_generator({"type": "decompose", "modes": ["wrong"]})
+
+
+# -- escalate -------------------------------------------------------------------------------------
+def test_escalate_makes_harder_variants_of_mastered_tasks():
+    mastered = [ARITH.make_task({"expr": e}) for e in ("2+3", "4*5")]
+    ctx = context([], [])
+    ctx.mastered = mastered
+    candidates = list(EscalateGenerator(EscalateConfig(per_task=2)).generate(ctx))
+    assert [c.parent_task_id for c in candidates[:2]] == [t.task_id for t in mastered]
+    assert 3 <= len(candidates) <= 4
+    tasks, rejections = validate(candidates)
+    assert not rejections
+    for task in tasks:
+        parent = next(t for t in mastered if t.task_id == task.parent_task_id)
+        assert task.difficulty > parent.difficulty and task.failure_ids == []
+    assert list(EscalateGenerator().generate(context([], []))) == []  # nothing mastered
+
+
+# -- probe, unparseable output, target clusters ---------------------------------------------------
+class Fixed:
+    """Proposes fixed expressions, with the lineage of the first failure in the context."""
+
+    def __init__(self, name: str, exprs: list[str]) -> None:
+        self.name, self.exprs = name, exprs
+
+    def generate(self, ctx: GenerationContext) -> Iterator[Candidate | Unparseable]:
+        ids = [f.failure_id for f in ctx.failures[:1]]
+        for expr in self.exprs:
+            if expr == "garbage":
+                yield Unparseable("{not json", "no JSON task spec")
+            else:
+                yield Candidate("arith", {"expr": expr}, failure_ids=ids)
+
+
+def rate_by_first_operand(tasks: list[Task]) -> dict[str, float]:
+    """A deterministic stand-in for the policy: pass rate = first operand / 10."""
+    return {t.task_id: int(t.spec["expr"].split("+")[0]) / 10 for t in tasks}
+
+
+def test_probe_band_budget_and_reasons():
+    calls: list[list[str]] = []
+
+    def probe(tasks: list[Task]) -> dict[str, float]:
+        calls.append([t.spec["expr"] for t in tasks])
+        return rate_by_first_operand(tasks)
+
+    parent = ARITH.make_task({"expr": "(3+4)*5"})
+    ctx = context([failure(parent)], [parent])
+    a = Fixed("a", ["9+1", "5+1", "0+1", "7+1", "3+1"])  # rates .9 .5 0 .7 .3
+    b = Fixed("b", ["1+2", "garbage", "8+1"])  # rates .1, -, .8
+    tasks, rejections, stats = run_generators(
+        [a, b], ctx, known_task_ids=nothing_known, probe=probe, probe_band=(0.1, 0.7),
+        probe_budget=6)
+    # round-robin: a0 b0 a1 b1 a2 a3 are probed; a4 is over the budget
+    assert calls == [["9+1", "1+2", "5+1", "8+1", "0+1", "7+1"]]
+    assert sorted((t.spec["expr"], t.probe_pass_rate) for t in tasks) == [
+        ("1+2", 0.1), ("5+1", 0.5), ("7+1", 0.7)]  # both bounds are inside
+    reasons = sorted((r.generator, r.reason, json.loads(r.spec).get("expr", "")) for r in rejections
+                     if r.reason != "unparseable")
+    assert reasons == [("a", "probe_budget", "3+1"), ("a", "too_easy", "9+1"),
+                       ("a", "too_hard", "0+1"), ("b", "too_easy", "8+1")]
+    assert "0.900 > 0.7" in next(r.detail for r in rejections if r.reason == "too_easy")
+    garbage = next(r for r in rejections if r.reason == "unparseable")
+    assert (garbage.generator, json.loads(garbage.spec), garbage.detail) == (
+        "b", "{not json", "no JSON task spec")
+    assert stats["a"] == {"proposed": 5, "accepted": 2, "rejected": 3, "errors": 0}
+    assert stats["b"] == {"proposed": 3, "accepted": 1, "rejected": 2, "errors": 0}
+    assert {t.target_cluster_id for t in tasks} == {ctx.failures[0].cluster_id}
+    assert {"unparseable", "probe_budget", "too_easy", "too_hard"} <= set(REJECTION_REASONS)
+
+
+def test_probe_must_answer_for_every_task_and_band_is_checked():
+    ctx = context([], [])
+    with pytest.raises(ValueError, match="no pass rate"):
+        run_generators([Fixed("a", ["2+1"])], ctx, known_task_ids=nothing_known,
+                       probe=lambda tasks: {})
+    with pytest.raises(ValueError, match="band"):
+        run_generators([Fixed("a", ["2+1"])], ctx, known_task_ids=nothing_known,
+                       probe=rate_by_first_operand, probe_band=(0.8, 0.2))
+    # Without lineage there is no target cluster; without a probe nothing is probed.
+    tasks, _, _ = run_generators([Fixed("a", ["2+1"])], ctx, known_task_ids=nothing_known)
+    assert tasks[0].target_cluster_id is None and tasks[0].probe_pass_rate is None

@@ -14,7 +14,7 @@ import pytest
 
 from generators import BaseGenerator, GenerationContext, GeneratorConfig
 from sentinel.config import load_config
-from sentinel.loop import Loop
+from sentinel.loop import Loop, LoopError
 from sentinel.types import Candidate
 from task_store import Store
 
@@ -30,14 +30,15 @@ class ClaimingGenerator(BaseGenerator):
 
     def generate(self, ctx: GenerationContext) -> Iterator[Candidate]:
         rng = random.Random(ctx.round)
-        for task in list(ctx.tasks.values())[:3]:
+        for i, task in enumerate(list(ctx.tasks.values())[:3]):
             family = ctx.families[task.family]
             spec = family.perturb(task.spec, rng)
             answer = family.solve(spec, family.tool_map()).answer
             yield Candidate(task.family, spec, answer, task.task_id, generator=self.name)
-            other = family.perturb(task.spec, rng)
-            wrong = str(int(family.solve(other, family.tool_map()).answer) + 1)
-            yield Candidate(task.family, other, wrong, task.task_id, generator=self.name)
+            # Operands above max_value: no other generator can propose this spec.
+            other = {"expr": f"{500 + i}+{ctx.round}"}
+            yield Candidate(task.family, other, str(500 + i + ctx.round + 1), task.task_id,
+                            generator=self.name)
 
 
 TINY = {
@@ -148,5 +149,5 @@ def test_cli_sql_and_status(run_dir):
 
 
 def test_a_second_loop_in_the_same_run_dir_is_refused(run_dir):
-    with pytest.raises(RuntimeError, match="already holds a run"):
+    with pytest.raises(LoopError, match="already holds a run"):
         Loop(load_config(data=json.loads(json.dumps(TINY))), run_dir).run()

@@ -14,7 +14,9 @@ import pytest
 
 from task_store import SCHEMA_VERSION, SchemaVersionError, Store, StoreLockedError
 
-TABLES = ("rounds", "tasks", "trajectories", "steps", "failures", "rejections", "evals")
+TABLES = (
+    "rounds", "tasks", "trajectories", "steps", "failures", "rejections", "evals", "clusters"
+)
 
 
 # Rows shaped like sentinel.types.*.to_row() output (built by hand: task_store must not need
@@ -32,6 +34,8 @@ def task_row(n: int, origin: str = "seed", created_round: int = 0) -> dict[str, 
         "parent_task_id": None,
         "failure_ids": [],
         "generator": None,
+        "target_cluster_id": None,
+        "probe_pass_rate": None,
         "task_id": f"arith-{n:016d}",
     }
 
@@ -88,6 +92,7 @@ def failure_row(fid: str, traj_id: str, task_id: str, round: int, mode: str) -> 
         "evidence": "...",
         "skills": ["add"],
         "family": "arith",
+        "cluster_id": f"cl-{mode}",
     }
 
 
@@ -147,6 +152,20 @@ def full_round(round: int) -> dict[str, Any]:
                 "greedy_success": True,
             }
         ],
+        "clusters": [
+            {
+                "round": round,
+                "cluster_id": "cl-wrong_answer",
+                "family": "arith",
+                "skills": ["add"],
+                "mode": "wrong_answer",
+                "n_failures": 1,
+                "share": 0.5,
+                "trend": None,
+                "exemplar_traj_ids": [f"traj-{round}-1"],
+                "summary": "adds wrongly",
+            }
+        ],
     }
 
 
@@ -171,6 +190,7 @@ def test_create_record_and_read_back(store: Store) -> None:
         "failures": 2,
         "rejections": 2,
         "evals": 2,
+        "clusters": 2,
     }
 
     tasks = store.load_tasks()
@@ -342,3 +362,95 @@ def test_failure_modes_by_round_view(store: Store) -> None:
     cols, rows = store.query("SELECT * FROM failure_modes_by_round")
     assert cols == ["round", "mode", "n_failures", "share_of_rollouts"]
     assert rows == [(0, "loop", 1, 0.25), (0, "wrong_answer", 2, 0.5), (1, "format_error", 1, 1.0)]
+
+
+# -- migrations ----------------------------------------------------------------------------------
+
+V1_ROWS = (
+    "INSERT INTO runs VALUES ('run-old', TIMESTAMP '2025-01-01 00:00:00', '{\"lr\": 1}', 1)",
+    "INSERT INTO rounds (round, n_train_rollouts, metrics) VALUES (0, 0, '{}'), (1, 2, '{}')",
+    "INSERT INTO tasks VALUES ('arith-a', 'arith', '{\"a\":1}', '[]', '3', ['op:add', 'steps:2'],"
+    " 0.1, 'seed', 0, NULL, [], NULL), ('arith-b', 'arith', '{\"a\":2}', '[]', '4', ['op:mul'],"
+    " 0.2, 'generated', 1, 'arith-a', ['f1'], 'mutate')",
+    "INSERT INTO trajectories (traj_id, round, split, task_id, group_id, token_ids, loss_mask,"
+    " success) VALUES ('t1', 1, 'train', 'arith-a', 'r1s0-arith-a', [1, 2], [0, 1], false),"
+    " ('t2', 1, 'train', 'arith-a', 'r1s0-arith-a', [3], [1], true)",
+    "INSERT INTO steps (traj_id, step, kind) VALUES ('t1', 0, 'answer'), ('t2', 0, 'answer')",
+    "INSERT INTO failures VALUES ('f1', 't1', 'arith-a', 1, 'wrong_answer', 0, 'said 5',"
+    " ['steps:2', 'op:add'], 'arith')",
+    "INSERT INTO rejections VALUES ('rj', 1, 'mutate', 'arith', '{}', 'duplicate', '', 'arith-a')",
+    "INSERT INTO evals VALUES (1, 'arith-a', 4, 1, 0.25, false)",
+)
+
+
+def v1_store(path: Path) -> Path:
+    """A genuine version-1 file: the frozen v1 DDL plus rows, written without `Store`."""
+    from task_store.migrations import V1_DDL
+
+    with duckdb.connect(str(path)) as con:
+        for statement in (*V1_DDL, *V1_ROWS):
+            con.execute(statement)
+    return path
+
+
+def dump(path: Path, table: str, columns: str = "*") -> list[tuple]:
+    with duckdb.connect(str(path), read_only=True) as con:
+        return con.execute(f"SELECT {columns} FROM {table} ORDER BY ALL").fetchall()
+
+
+def test_v1_file_is_upgraded_in_place_keeping_every_row(tmp_path: Path) -> None:
+    from sentinel.types import cluster_id_for
+
+    path = v1_store(tmp_path / "old.duckdb")
+    v1_columns = {t: [d[0] for d in duckdb.connect(str(path)).execute(
+        f"SELECT * FROM {t} LIMIT 0").description] for t in ("tasks", "failures", "steps")}
+    before = {t: dump(path, t) for t in (*TABLES[:-1], "runs")}
+
+    # Read-only opens refuse to touch an old file and say how to upgrade it.
+    with pytest.raises(SchemaVersionError, match=r"older .*python -m task_store\.migrations"):
+        Store(path).query("SELECT 1")
+    assert dump(path, "meta") == [("schema_version", "1")]
+
+    assert Store(path).upgrade() == 1
+    for table, rows in before.items():  # every old row kept, old columns unchanged
+        cols = ", ".join(v1_columns.get(table, ["*"]))
+        assert dump(path, table, cols) == rows, table
+    assert dump(path, "tasks", "task_id, target_cluster_id, probe_pass_rate") == [
+        ("arith-a", None, None), ("arith-b", None, None)]
+    # Backfilled cluster ids are the ones the analyzer gives the same failure today.
+    assert dump(path, "failures", "cluster_id") == [
+        (cluster_id_for("arith", ["steps:2", "op:add"], "wrong_answer"),)]
+    meta = dict(dump(path, "meta"))
+    assert meta["schema_version"] == str(SCHEMA_VERSION) and "upgraded_from_1_at" in meta
+
+    # Same columns in the same order as a file created at the current version.
+    fresh = Store.create(tmp_path / "new.duckdb", "r", {}).path
+    columns = ("SELECT table_name, column_index, column_name, data_type FROM duckdb_columns() "
+               "WHERE NOT internal ORDER BY table_name, column_index")
+    assert Store(path).query(columns) == Store(fresh).query(columns)
+    views = "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name"
+    assert Store(path).query(views)[1] == Store(fresh).query(views)[1]
+    assert len(Store(path).query(views)[1]) == 6
+    _, rows = Store(path).query("SELECT task_id, ancestor_id, depth FROM task_lineage")
+    assert ("arith-b", "arith-a", 1) in rows
+
+    # The upgraded file takes v2 rounds; upgrading again is a no-op.
+    Store(path).record_round(2, round_row(), **full_round(2))
+    assert Store(path).completed_rounds() == [0, 1, 2]
+    assert Store(path).upgrade() == SCHEMA_VERSION
+
+
+def test_writing_store_upgrades_and_migrations_cli(tmp_path: Path) -> None:
+    old = v1_store(tmp_path / "a.duckdb")
+    Store.create(old, "run-new", {})  # the loop's first call on a resumed run
+    assert dict(dump(old, "meta"))["schema_version"] == str(SCHEMA_VERSION)
+    assert [r[0] for r in dump(old, "runs", "run_id")] == ["run-new", "run-old"]
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    v1_store(run_dir / "sentinel.duckdb")
+    proc = subprocess.run([sys.executable, "-m", "task_store.migrations", str(run_dir)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"upgraded schema version {SCHEMA_VERSION} (was 1)" in proc.stdout
+    assert Store(run_dir).completed_rounds() == [0, 1]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import math
+import random
+from pathlib import Path
 
+import numpy as np
 import pydantic
 import pytest
 import torch
@@ -17,10 +20,15 @@ from trainers import (
     SFTConfig,
     SFTTrainer,
     aggregate_loss,
+    batch_loss,
     group_advantages,
     grpo_token_loss,
+    load_checkpoint,
     logprobs_from_logits,
+    lr_multiplier,
+    pack_batch,
     pad_batch,
+    save_checkpoint,
     sft_loss,
     token_logprobs,
 )
@@ -29,9 +37,8 @@ PAD = 0
 VOCAB = 64
 
 
-@pytest.fixture
-def model() -> LlamaForCausalLM:
-    torch.manual_seed(0)
+def tiny_llama(seed: int = 0, attn: str = "sdpa") -> LlamaForCausalLM:
+    torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -40,8 +47,14 @@ def model() -> LlamaForCausalLM:
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=256,
+        attn_implementation=attn,
     )
     return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture
+def model() -> LlamaForCausalLM:
+    return tiny_llama()
 
 
 def current_logprobs(model: torch.nn.Module, ids: list[int], temperature: float) -> list[float]:
@@ -59,6 +72,7 @@ def make_traj(
     mask: list[int],
     temperature: float,
     group_id: str = "g",
+    finish_reason: str = "answer",
 ) -> Trajectory:
     lp = current_logprobs(model, ids, temperature)
     return Trajectory(
@@ -68,7 +82,7 @@ def make_traj(
         loss_mask=mask,
         logprobs=[x if m else 0.0 for x, m in zip(lp, mask, strict=True)],
         steps=[],
-        finish_reason="answer",
+        finish_reason=finish_reason,
         group_id=group_id,
     )
 
@@ -220,10 +234,19 @@ def test_observation_tokens_get_exactly_zero_gradient_pure() -> None:
     assert torch.equal(grad[-1], torch.zeros(VOCAB))  # the last row predicts nothing
 
 
-def test_observation_tokens_get_exactly_zero_gradient_in_trainer(model: LlamaForCausalLM) -> None:
-    cfg = GRPOConfig()
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_observation_tokens_get_exactly_zero_gradient_in_trainer(
+    model: LlamaForCausalLM, beta: float
+) -> None:
+    cfg = GRPOConfig(beta=beta)
     ids = [1, 2, 3, 10, 11, 20, 21, 22, 12, 13]
     mask = [0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+    trainer = GRPOTrainer(model, cfg, PAD)
+    if beta > 0:
+        # Move the policy away from its reference so the KL term has a gradient everywhere.
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
     short = make_traj(model, [4, 5, 6, 7], [0, 0, 1, 1], cfg.temperature)
     traj = make_traj(model, ids, mask, cfg.temperature)
     captured: list[torch.Tensor] = []
@@ -234,9 +257,11 @@ def test_observation_tokens_get_exactly_zero_gradient_in_trainer(model: LlamaFor
 
     handle = model.lm_head.register_forward_hook(keep_logits)
     try:
-        GRPOTrainer(model, cfg, PAD).accumulate_gradients([traj, short], [1.0, -1.0])
+        # Advantage 0 on the long row: with beta > 0 its gradient is the KL term's alone.
+        stats = trainer.accumulate_gradients([traj, short], [0.0 if beta else 1.0, -1.0])
     finally:
         handle.remove()
+    assert (stats["kl"] > 0) == (beta > 0)
     (logits,) = captured
     grad = logits.grad[0]
     for i in range(1, len(ids)):
@@ -273,16 +298,209 @@ def test_micro_batching_gives_full_batch_gradients(model: LlamaForCausalLM, loss
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
-def test_kl_penalty_against_reference(model: LlamaForCausalLM) -> None:
-    with pytest.raises(ValueError, match="ref_model"):
-        GRPOTrainer(model, GRPOConfig(beta=0.1), PAD)
-    ref = copy.deepcopy(model)
-    cfg = GRPOConfig(beta=0.1, lr=1e-2, num_iterations=2)
-    trajs = varied_batch(model, cfg.temperature, n=4)
-    metrics = GRPOTrainer(model, cfg, PAD, ref_model=ref).step(trajs, [1.0, -1.0, 0.5, -0.5])
+def test_reference_model_exists_only_with_kl(model: LlamaForCausalLM) -> None:
+    assert GRPOTrainer(model, GRPOConfig(beta=0.0), PAD).ref_model is None
+    model.train()
+    trainer = GRPOTrainer(model, GRPOConfig(beta=0.1, lr=1e-2, num_iterations=2), PAD)
+    ref = trainer.ref_model
+    assert ref is not None and ref is not model
+    assert not ref.training
+    assert all(not p.requires_grad for p in ref.parameters())
+    frozen = [p.detach().clone() for p in ref.parameters()]
+    for a, b in zip(ref.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    trajs = varied_batch(model, trainer.config.temperature, n=4)
+    metrics = trainer.step(trajs, [1.0, -1.0, 0.5, -0.5])
     # Pass 1 is at the reference (k3 = 0), pass 2 after one step away from it (k3 > 0).
     assert metrics["kl"] > 0
-    assert all(not p.requires_grad for p in ref.parameters())
+    for a, b in zip(ref.parameters(), frozen, strict=True):
+        assert torch.equal(a, b)  # the policy moved, the reference did not
+    assert any(
+        not torch.equal(a, b) for a, b in zip(ref.parameters(), model.parameters(), strict=True)
+    )
+
+
+def test_kl_ratio_correction_scales_k3_by_the_ratio() -> None:
+    new = torch.log(torch.tensor([[1.0, 0.5, 0.25]]))
+    old = torch.log(torch.tensor([[1.0, 0.25, 0.25]]))  # ratios 1, 2, 1 (unclipped 2 here)
+    ref = torch.log(torch.tensor([[1.0, 0.5, 0.5]]))
+    mask = torch.tensor([[0, 1, 1]])
+    zero_adv = torch.tensor([0.0])
+    diff = ref - new
+    k3 = torch.exp(diff) - diff - 1
+    plain = grpo_token_loss(new, old, zero_adv, mask, GRPOConfig(beta=0.5), ref)
+    corrected = grpo_token_loss(
+        new, old, zero_adv, mask, GRPOConfig(beta=0.5, kl_ratio_correction=True), ref
+    )
+    assert plain[0].tolist() == pytest.approx([0.0, 0.5 * k3[0, 1].item(), 0.5 * k3[0, 2].item()])
+    assert corrected[0].tolist() == pytest.approx([0.0, 0.0, 0.5 * k3[0, 2].item()])
+    assert k3[0, 1].item() == 0.0  # same log-prob as the reference at token 1
+
+
+def test_later_iterations_use_the_stored_sampling_logprobs(model: LlamaForCausalLM) -> None:
+    cfg = GRPOConfig(lr=5e-2, epsilon_low=0.1, epsilon_high=0.1)
+    trajs = varied_batch(model, cfg.temperature, n=4)
+    adv = [1.0, -1.0, 0.5, -0.5]
+    trainer = GRPOTrainer(model, cfg, PAD)
+    trainer.step(trajs, adv)
+    # After one update the fresh log-probs differ from the stored ones: the ratio is theirs.
+    batch = pad_batch(
+        [t.token_ids for t in trajs], PAD, [t.loss_mask for t in trajs], [t.logprobs for t in trajs]
+    )
+    with torch.no_grad():
+        fresh = token_logprobs(model, batch["input_ids"], batch["attention_mask"], cfg.temperature)
+    mask = batch["loss_mask"].bool()
+    ratio = torch.exp(fresh - batch["old_logprobs"])[mask]
+    a = torch.tensor(adv)[:, None].expand_as(fresh)[mask]
+    expected = -torch.min(ratio * a, ratio.clamp(0.9, 1.1) * a).mean()
+    stats = trainer.accumulate_gradients(trajs, adv)
+    assert stats["loss"] == pytest.approx(expected.item(), abs=1e-5)
+    assert stats["clip_ratio"] > 0
+    # With two iterations the second pass is off-policy w.r.t. the stored log-probs.
+    two = GRPOTrainer(tiny_llama(), cfg.model_copy(update={"num_iterations": 2}), PAD)
+    assert two.step(varied_batch(two.model, cfg.temperature, n=4), adv)["clip_ratio"] > 0
+
+
+def test_mask_truncated_completions_drops_cut_trajectories(model: LlamaForCausalLM) -> None:
+    cfg = GRPOConfig(mask_truncated_completions=True, loss_agg="token-mean")
+    trajs = varied_batch(model, cfg.temperature, n=4)
+    trajs[1].finish_reason = "max_tokens"
+    trajs[2].finish_reason = "max_turns"
+    trajs[3].finish_reason = "stop"
+    adv = [1.0, -0.5, 0.25, 0.5]
+    kept = [trajs[0], trajs[3]]
+    m_all, m_kept = copy.deepcopy(model), copy.deepcopy(model)
+    masked = GRPOTrainer(m_all, cfg, PAD)
+    stats = masked.accumulate_gradients(trajs, adv)
+    ref_stats = GRPOTrainer(m_kept, cfg, PAD).accumulate_gradients(kept, [adv[0], adv[3]])
+    # Token-mean over the kept trajectories only: the same loss and gradient as without the rest.
+    assert stats["n_tokens"] == ref_stats["n_tokens"] == sum(t.n_policy_tokens for t in kept)
+    assert stats["loss"] == pytest.approx(
+        -(1.0 * kept[0].n_policy_tokens + 0.5 * kept[1].n_policy_tokens) / stats["n_tokens"],
+        abs=1e-5,
+    )
+    for a, b in zip(m_all.parameters(), m_kept.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
+    assert masked.step(trajs, adv)["n_masked_truncated"] == 2
+    off = GRPOTrainer(
+        copy.deepcopy(model), cfg.model_copy(update={"mask_truncated_completions": False}), PAD
+    )
+    assert off.accumulate_gradients(trajs, adv)["n_tokens"] == sum(t.n_policy_tokens for t in trajs)
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean", "dr_grpo"])
+def test_gradient_accumulation_steps_split_without_changing_gradients(
+    model: LlamaForCausalLM, loss_agg: str
+) -> None:
+    trajs = varied_batch(model, 0.7, n=7)
+    adv = group_advantages([1, 0, 0, 1, 0, 1, 1], [t.group_id for t in trajs])
+    base = GRPOConfig(loss_agg=loss_agg)
+    split = GRPOTrainer(model, base.model_copy(update={"gradient_accumulation_steps": 3}), PAD)
+    assert [list(r) for r in split.micro_batches(7)] == [[0, 1], [2, 3], [4, 5, 6]]
+    capped = base.model_copy(update={"gradient_accumulation_steps": 2, "micro_batch_size": 2})
+    assert [list(r) for r in GRPOTrainer(model, capped, PAD).micro_batches(7)] == [
+        [0, 1],
+        [2],
+        [3, 4],
+        [5, 6],
+    ]
+    assert len(split.micro_batches(2)) == 2  # never more parts than trajectories
+    grads = []
+    for g in (1, 3, 7):
+        m = copy.deepcopy(model)
+        cfg = base.model_copy(update={"gradient_accumulation_steps": g})
+        GRPOTrainer(m, cfg, PAD).accumulate_gradients(trajs, adv)
+        grads.append([p.grad.clone() for p in m.parameters()])
+    for other in grads[1:]:
+        for a, b in zip(grads[0], other, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_lr_schedule_warms_up_and_persists_across_steps(model: LlamaForCausalLM) -> None:
+    assert [lr_multiplier(s, "linear", 2, 6) for s in range(7)] == pytest.approx(
+        [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
+    )
+    with pytest.raises(ValueError, match="total_steps"):
+        GRPOTrainer(model, GRPOConfig(lr_scheduler="cosine"), PAD)
+    cfg = GRPOConfig(lr=1e-3, lr_scheduler="linear", warmup_steps=2, num_iterations=2)
+    trainer = GRPOTrainer(model, cfg, PAD, total_steps=6)
+    trajs = varied_batch(model, cfg.temperature, n=2)
+    seen = []
+    for _ in range(4):  # 4 calls x 2 iterations = 8 optimizer steps, past total_steps
+        seen.append(trainer.step(trajs, [1.0, -1.0])["lr"])
+        assert trainer.optimizer_steps == 2 * len(seen)
+    assert seen == pytest.approx([5e-4, 1e-3, 5e-4, 0.0])
+    # The config's own total_steps wins over the constructor's.
+    own = GRPOTrainer(model, cfg.model_copy(update={"total_steps": 10}), PAD, total_steps=6)
+    assert own.total_steps == 10
+
+
+def test_bf16_autocast_switch(model: LlamaForCausalLM) -> None:
+    cpu = torch.device("cpu")
+    assert GRPOConfig().autocast_dtype(cpu) is None  # auto: only on CUDA
+    assert GRPOConfig(bf16=True).autocast_dtype(cpu) == torch.bfloat16
+    assert GRPOConfig(bf16=False).autocast_dtype(cpu) is None
+    trajs = varied_batch(model, 0.7, n=4)
+    adv = [1.0, -1.0, 0.5, -0.5]
+    dtypes: list[torch.dtype] = []
+    handle = model.lm_head.register_forward_hook(lambda _m, _i, out: dtypes.append(out.dtype))
+    try:
+        fp32 = GRPOTrainer(model, GRPOConfig(bf16=False), PAD).accumulate_gradients(trajs, adv)
+        bf16 = GRPOTrainer(model, GRPOConfig(bf16=True), PAD).accumulate_gradients(trajs, adv)
+    finally:
+        handle.remove()
+    assert dtypes == [torch.float32, torch.bfloat16]
+    assert bf16["loss"] == pytest.approx(fp32["loss"], abs=0.05)
+    assert bf16["loss"] != fp32["loss"]
+
+
+def test_checkpoint_resume_is_exact(tmp_path: Path) -> None:
+    cfg = GRPOConfig(
+        lr=1e-2, beta=0.05, num_iterations=2, lr_scheduler="cosine", warmup_steps=2, total_steps=12
+    )
+
+    def train(model: LlamaForCausalLM, trainer: GRPOTrainer, steps: int) -> None:
+        """Steps whose data come from all three global RNGs, like the loop's rollouts."""
+        for _ in range(steps):
+            trajs = []
+            for i in range(4):
+                n = random.randint(2, 5)
+                ids = torch.randint(1, VOCAB, (3 + n,)).tolist()
+                trajs.append(
+                    make_traj(model, ids, [0, 0, 0] + [1] * n, cfg.temperature, f"g{i % 2}")
+                )
+            rewards = np.random.rand(4).tolist()
+            trainer.step(trajs, group_advantages(rewards, [t.group_id for t in trajs]))
+
+    torch.manual_seed(1)
+    random.seed(1)
+    np.random.seed(1)
+    model = tiny_llama(seed=0)
+    trainer = GRPOTrainer(model, cfg, PAD)
+    train(model, trainer, 2)
+    path = save_checkpoint(
+        tmp_path / "ckpt" / "state.pt", model, trainer, {"round": 2, "note": "x"}
+    )
+    train(model, trainer, 2)
+
+    # Other weights, other RNG draws since: only the checkpoint can make them agree.
+    resumed = tiny_llama(seed=7)
+    resumed_trainer = GRPOTrainer(resumed, cfg, PAD)
+    torch.manual_seed(99)
+    random.seed(99)
+    np.random.seed(99)
+    assert load_checkpoint(path, resumed, resumed_trainer) == {"round": 2, "note": "x"}
+    assert resumed_trainer.optimizer_steps == 4
+    train(resumed, resumed_trainer, 2)
+    for a, b in zip(model.parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert resumed_trainer.ref_model is not None and trainer.ref_model is not None
+    for a, b in zip(
+        trainer.ref_model.parameters(), resumed_trainer.ref_model.parameters(), strict=True
+    ):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="reference model"):
+        load_checkpoint(path, tiny_llama(), GRPOTrainer(tiny_llama(), GRPOConfig(), PAD))
 
 
 def test_configs_reject_bad_values_with_reasons() -> None:
@@ -300,6 +518,16 @@ def test_configs_reject_bad_values_with_reasons() -> None:
         GRPOConfig(micro_batch_size=0)
     with pytest.raises(pydantic.ValidationError):
         GRPOConfig(loss_agg="sum")
+    with pytest.raises(pydantic.ValidationError, match="gradient_accumulation_steps must be >= 1"):
+        GRPOConfig(gradient_accumulation_steps=0)
+    with pytest.raises(pydantic.ValidationError, match="schedule would end before the warm-up"):
+        GRPOConfig(warmup_steps=10, total_steps=5)
+    with pytest.raises(pydantic.ValidationError):
+        GRPOConfig(lr_scheduler="step")
+    with pytest.raises(pydantic.ValidationError):
+        GRPOConfig(bf16="maybe")
+    with pytest.raises(pydantic.ValidationError, match="max_seq_len must be >= 2"):
+        SFTConfig(max_seq_len=1)
 
 
 # --- behaviour --------------------------------------------------------------------------------
@@ -338,6 +566,80 @@ def test_sft_memorises_and_trains_only_masked_tokens(model: LlamaForCausalLM) ->
     # Answers are memorised; the never-trained prompt tokens stay unpredictable.
     assert -logp[:, 3:].mean().item() < 0.5
     assert -logp[:, :3].mean().item() > 2.0
+
+
+def sft_examples(n: int, seed: int = 4) -> list[tuple[list[int], list[int]]]:
+    """Examples of varied lengths (5..40 tokens): a prompt (mask 0), then an answer (mask 1)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        prompt, answer = (int(x) for x in torch.randint(2, 20, (2,), generator=g))
+        ids = torch.randint(1, VOCAB, (prompt + answer,), generator=g).tolist()
+        out.append((ids, [0] * prompt + [1] * answer))
+    return out
+
+
+def test_pack_batch_layout() -> None:
+    seqs = [[1] * 5, [2] * 3, [3] * 4, [4] * 9]
+    masks = [[0, 0, 1, 1, 1], [0, 1, 1], [1, 1, 1, 1], [1] * 9]
+    b = pack_batch(seqs, masks, PAD, max_seq_len=8)
+    # Longest first, first fit: [9] alone (longer than a row), [5, 3], [4].
+    assert b["input_ids"].tolist() == [
+        [4] * 9,
+        [1] * 5 + [2] * 3 + [PAD],
+        [3] * 4 + [PAD] * 5,
+    ]
+    assert b["position_ids"].tolist() == [
+        list(range(9)),
+        [0, 1, 2, 3, 4, 0, 1, 2, 0],
+        [0, 1, 2, 3, 0, 1, 2, 3, 4],
+    ]
+    # The first token of each example is never a target (its predecessor is another example).
+    assert b["loss_mask"].tolist() == [
+        [0] + [1] * 8,
+        [0, 0, 1, 1, 1, 0, 1, 1, 0],
+        [0, 1, 1, 1, 0, 0, 0, 0, 0],
+    ]
+    assert b["attention_mask"].sum().item() == 21
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_sft_loss_equals_unpacked(attn: str) -> None:
+    model = tiny_llama(attn=attn).train()
+    examples = sft_examples(12)
+    grads = {}
+    losses = {}
+    counts = {}
+    for pack in (False, True):
+        model.zero_grad()
+        loss, counts[pack] = batch_loss(model, examples, PAD, pack=pack, max_seq_len=128)
+        loss.backward()
+        losses[pack] = loss.item()
+        grads[pack] = [p.grad.clone() for p in model.parameters()]
+    assert losses[True] == pytest.approx(losses[False], abs=1e-5)
+    for a, b in zip(grads[False], grads[True], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert counts[True]["targets"] == counts[False]["targets"]
+    assert counts[True]["tokens"] == counts[False]["tokens"]
+    # Packing removes padding: fewer positions for the same tokens.
+    assert counts[True]["positions"] < 0.8 * counts[False]["positions"]
+
+
+def test_packed_examples_do_not_see_each_other(model: LlamaForCausalLM) -> None:
+    a, b = [5, 6, 7, 8], [9, 10, 11]
+    other_a = [40, 41, 42, 43]
+    with torch.no_grad():
+        outs = []
+        for first in (a, other_a):
+            batch = pack_batch([first, b], [[1] * 4, [1] * 3], PAD, max_seq_len=16)
+            assert batch["input_ids"].shape[0] == 1  # one row
+            logits = model(
+                input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False
+            ).logits
+            outs.append(logits[0, 4:7])
+        alone = model(input_ids=torch.tensor([b])).logits[0]
+    assert torch.equal(outs[0], outs[1])  # changing example a does not touch example b
+    torch.testing.assert_close(outs[0], alone, atol=1e-5, rtol=0)
 
 
 def test_grpo_raises_probability_of_rewarded_continuation(model: LlamaForCausalLM) -> None:

@@ -6,16 +6,28 @@ token `i` (its log-prob given the prefix `[:i]`), never about the logit row that
 keeps masks, stored sampling log-probs and fresh log-probs in one coordinate system and avoids
 off-by-one shifts at the call sites.
 
-Left out: left-padding, packing several sequences into one row, and chunking along the sequence
-(the full `[B, T, V]` logits of one forward pass are materialised; only the softmax work after it
-is done row by row to keep temporaries small).
+`pack_batch` is the alternative to padding for SFT: several examples share one row, each with
+position ids that restart at 0, and `attention_mask=None`, so transformers (5.x) derives a
+block-diagonal causal mask from the position ids (`masking_utils.find_packed_sequence_indices`;
+flash-attention reads the same position ids as `cu_seqlens`) and no token attends across examples.
+
+`lr_multiplier` is the one learning-rate schedule (warm-up, then constant, linear or cosine decay)
+both trainers use through `torch.optim.lr_scheduler.LambdaLR`.
+
+Left out: left-padding, and chunking along the sequence (the full `[B, T, V]` logits of one forward
+pass are materialised; only the softmax work after it is done row by row to keep temporaries
+small).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Literal, overload
 
 import torch
+
+Schedule = Literal["constant", "linear", "cosine"]
 
 
 def pad_batch(
@@ -131,6 +143,7 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = ...,
     with_entropy: Literal[False] = ...,
+    autocast_dtype: torch.dtype | None = ...,
 ) -> torch.Tensor: ...
 
 
@@ -142,6 +155,7 @@ def token_logprobs(
     temperature: float = ...,
     *,
     with_entropy: Literal[True],
+    autocast_dtype: torch.dtype | None = ...,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -151,14 +165,18 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    autocast_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run `model` and return `[B, T]` log-probs of `input_ids` (see `logprobs_from_logits`).
 
     `model` is a Hugging Face causal LM (anything whose output has `.logits`). Columns where
     `attention_mask` is 0 (right padding) are set to 0, as is column 0. Gradients flow unless the
-    caller wraps the call in `torch.no_grad()`.
+    caller wraps the call in `torch.no_grad()`. With `autocast_dtype` (e.g. `torch.bfloat16`) the
+    model's forward runs under `torch.autocast` on the device of `input_ids`; the softmax work
+    after it is float32 either way.
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    with autocast(input_ids.device, autocast_dtype):
+        out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     valid = attention_mask.bool()
     if with_entropy:
         logp, ent = logprobs_from_logits(out.logits, input_ids, temperature, with_entropy=True)
@@ -170,3 +188,92 @@ def token_logprobs(
 def model_device(model: torch.nn.Module) -> torch.device:
     """Device of the model's first parameter (where batches must be moved)."""
     return next(model.parameters()).device
+
+
+def autocast(
+    device: torch.device, dtype: torch.dtype | None
+) -> contextlib.AbstractContextManager[object]:
+    """`torch.autocast(device.type, dtype)`, or a no-op context when `dtype` is None."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int | None) -> float:
+    """LR multiplier for optimizer step `step` (0-based): linear warm-up, then the schedule.
+
+    Warm-up: `(step + 1) / warmup_steps` for the first `warmup_steps` steps. Then "constant"
+    stays at 1; "linear" and "cosine" decay from 1 at step `warmup_steps` to 0 at `total_steps`
+    and stay at 0 after it (they need `total_steps`).
+
+    >>> [round(lr_multiplier(s, "cosine", 2, 6), 3) for s in range(7)]
+    [0.5, 1.0, 1.0, 0.854, 0.5, 0.146, 0.0]
+    >>> [lr_multiplier(s, "linear", 0, 4) for s in range(5)]
+    [1.0, 0.75, 0.5, 0.25, 0.0]
+    >>> [lr_multiplier(s, "constant", 2, None) for s in range(3)]
+    [0.5, 1.0, 1.0]
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if total_steps is None:
+        raise ValueError(f"the {schedule!r} schedule decays to 0 at total_steps, which is unset")
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr schedule {schedule!r}; use constant, linear or cosine")
+
+
+def pack_batch(
+    seqs: list[list[int]], masks: list[list[int]], pad_id: int, max_seq_len: int
+) -> dict[str, torch.Tensor]:
+    """Pack examples into rows of at most `max_seq_len` tokens (first-fit, longest first).
+
+    Returns `input_ids`, `position_ids` (restarting at 0 for each example; the right padding of a
+    row counts as one more segment of its own), `loss_mask` (the example's mask, 0 on padding and
+    on each example's first token, which the previous example's last logit must not be scored
+    against) and `attention_mask` (1 on real tokens; for counting only: the model must get
+    `attention_mask=None` and `use_cache=False`, so that it derives the block-diagonal mask from
+    `position_ids`; with a cache, transformers falls back to a plain causal mask). An
+    example longer than `max_seq_len` gets a row of its own, uncut. All `[R, W]` int64.
+    """
+    if not seqs:
+        raise ValueError("pack_batch needs at least one sequence")
+    if len(masks) != len(seqs) or any(len(m) != len(s) for m, s in zip(masks, seqs, strict=True)):
+        raise ValueError("masks must be aligned token for token with seqs")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
+        n = len(seqs[i])
+        slot = next((r for r, free in enumerate(room) if free >= n), None)
+        if slot is None:
+            rows.append([i])
+            room.append(max_seq_len - n)
+        else:
+            rows[slot].append(i)
+            room[slot] -= n
+    width = max(sum(len(seqs[i]) for i in row) for row in rows)
+    shape = (len(rows), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    position_ids = torch.zeros(shape, dtype=torch.long)
+    loss_mask = torch.zeros(shape, dtype=torch.long)
+    attention_mask = torch.zeros(shape, dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for i in row:
+            n = len(seqs[i])
+            input_ids[r, at : at + n] = torch.tensor(seqs[i], dtype=torch.long)
+            position_ids[r, at : at + n] = torch.arange(n)
+            loss_mask[r, at + 1 : at + n] = torch.tensor(masks[i][1:], dtype=torch.long)
+            attention_mask[r, at : at + n] = 1
+            at += n
+        position_ids[r, at:] = torch.arange(width - at)
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "loss_mask": loss_mask,
+        "attention_mask": attention_mask,
+    }

@@ -1,46 +1,61 @@
 """GRPO: group-relative policy optimisation on multi-turn, token-in/token-out trajectories.
 
 Design (DeepSeekMath GRPO as implemented by trl, with DAPO's asymmetric clip and Dr. GRPO's
-constant normaliser as options):
+constant normaliser as options; `tests/test_trl_crosscheck.py` checks loss and gradients against
+trl's own `GRPOTrainer._compute_loss`):
 
 - Advantages come from the caller (`group_advantages`): reward minus the mean of the trajectory's
   group, optionally divided by a std. One scalar per trajectory, broadcast to its tokens.
 - Only tokens with `loss_mask == 1` (the policy's own turns) are trained; prompt and tool
-  observation tokens are context and get exactly zero gradient, also when they sit between turns.
+  observation tokens are context and get exactly zero gradient, also when they sit between turns
+  and also from the KL term. With `mask_truncated_completions` a trajectory cut by a limit
+  (`finish_reason` `max_tokens` or `max_turns`) gets no loss at all (DAPO; trl's option of the
+  same name).
 - The importance ratio is `exp(new - old)` where `old` is the sampling log-prob stored in the
   trajectory at rollout time, and `new` is recomputed at the same sampling temperature. Using the
-  sampler's log-probs (not a fresh no-grad pass) also corrects for sampler/trainer mismatch.
+  sampler's log-probs (not a fresh no-grad pass) also corrects for sampler/trainer mismatch, and
+  makes the passes after the first (`num_iterations > 1`) off-policy in the PPO sense.
 - Per token: `-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) + beta * k3`, with the k3 KL
-  estimator `exp(ref - new) - (ref - new) - 1` against a frozen reference model when `beta > 0`.
+  estimator `exp(ref - new) - (ref - new) - 1` against a frozen reference model when `beta > 0`
+  (optionally times `r`, trl's `use_bias_correction_kl`). The trainer makes that reference
+  itself: a deep copy of the model as it is when the trainer is built.
 - Aggregation (`loss_agg`): "token-mean" (sum over all masked tokens of the batch / their count),
   "seq-mean-token-mean" (mean over trajectories of each one's token mean) or "dr_grpo"
   (sum / (n_trajectories * max_completion_tokens)). Micro-batches are backpropagated with the
-  normaliser of the whole batch, so accumulated gradients equal those of the full-batch loss.
+  normaliser of the whole batch, so accumulated gradients equal those of the full-batch loss
+  however the batch is split (`gradient_accumulation_steps`, `micro_batch_size`).
 - `num_iterations` passes over the same batch, one AdamW step (after grad-norm clipping) per pass.
-  The optimizer is created once and persists across `step` calls (rounds).
+  The optimizer and the LR schedule (warm-up, then constant/linear/cosine) are created once and
+  persist across `step` calls (rounds); `state_dict` / `load_state_dict` carry them (and the
+  reference model) through a checkpoint (`trainers.checkpoint`).
+- bf16 autocast of the forward passes when the model is on a GPU (`bf16: auto`); log-probs,
+  ratios and the loss are float32.
 
-Left out: entropy bonus, learning-rate schedule, length-bucketed micro-batches, mixed precision,
-gradient checkpointing, and any generation or reward logic (that belongs to the rollout side).
+Left out: entropy bonus, length-bucketed micro-batches, sequence packing for the update, gradient
+checkpointing, and any generation or reward logic (that belongs to the rollout side).
 Trajectories with zero advantage are kept: they add nothing to the loss but count in the
 normaliser, as in trl.
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 import torch
 
 from sentinel.types import Trajectory
-from trainers.common import model_device, pad_batch, token_logprobs
+from trainers.common import Schedule, lr_multiplier, model_device, pad_batch, token_logprobs
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "dr_grpo"]
 ScaleRewards = Literal["group", "batch", "none"]
+TRUNCATED = frozenset({"max_tokens", "max_turns"})
 
 
 class GRPOConfig(pydantic.BaseModel, extra="forbid"):
@@ -50,14 +65,21 @@ class GRPOConfig(pydantic.BaseModel, extra="forbid"):
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     beta: float = 0.0
+    kl_ratio_correction: bool = False
     loss_agg: LossAgg = "token-mean"
     scale_rewards: ScaleRewards = "group"
     num_iterations: int = 1
+    mask_truncated_completions: bool = False
+    gradient_accumulation_steps: int = 1
     micro_batch_size: int = 32
     max_grad_norm: float = 1.0
     temperature: float = 0.7
     weight_decay: float = 0.0
     max_completion_tokens: int = 256
+    lr_scheduler: Schedule = "constant"
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    bf16: bool | Literal["auto"] = "auto"
 
     @pydantic.field_validator("lr", "max_grad_norm", "temperature")
     @classmethod
@@ -76,19 +98,42 @@ class GRPOConfig(pydantic.BaseModel, extra="forbid"):
             )
         return v
 
-    @pydantic.field_validator("epsilon_high", "beta", "weight_decay")
+    @pydantic.field_validator("epsilon_high", "beta", "weight_decay", "warmup_steps")
     @classmethod
     def _non_negative(cls, v: float, info: pydantic.ValidationInfo) -> float:
         if v < 0:
             raise ValueError(f"{info.field_name} must be >= 0, got {v}")
         return v
 
-    @pydantic.field_validator("num_iterations", "micro_batch_size", "max_completion_tokens")
+    @pydantic.field_validator(
+        "num_iterations",
+        "micro_batch_size",
+        "max_completion_tokens",
+        "gradient_accumulation_steps",
+        "total_steps",
+    )
     @classmethod
-    def _at_least_one(cls, v: int, info: pydantic.ValidationInfo) -> int:
-        if v < 1:
+    def _at_least_one(cls, v: int | None, info: pydantic.ValidationInfo) -> int | None:
+        if v is not None and v < 1:
             raise ValueError(f"{info.field_name} must be >= 1, got {v}")
         return v
+
+    @pydantic.model_validator(mode="after")
+    def _schedule(self) -> GRPOConfig:
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must not exceed total_steps "
+                f"({self.total_steps}): the schedule would end before the warm-up does"
+            )
+        return self
+
+    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
+        """bfloat16 when `bf16` is True, or "auto" on a CUDA device that supports it; else None."""
+        if self.bf16 == "auto":
+            use = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        else:
+            use = bool(self.bf16)
+        return torch.bfloat16 if use else None
 
 
 def _std(xs: Sequence[float]) -> float:
@@ -150,7 +195,10 @@ def grpo_token_loss(
     `new_logp`, `old_logp`, `mask` (and `ref_logp`) are `[B, T]`; `adv` is `[B]` (one advantage
     per sequence) or `[B, T]`. The loss is the negated clipped surrogate
     `-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)` with `r = exp(new - old)`, plus
-    `cfg.beta * k3(ref, new)` when `cfg.beta > 0` (then `ref_logp` is required).
+    `cfg.beta * k3(ref, new)` when `cfg.beta > 0` (then `ref_logp` is required); with
+    `cfg.kl_ratio_correction` the k3 term is multiplied by the (unclipped, differentiable) ratio
+    `r`, trl's `use_bias_correction_kl`, which makes its gradient the unbiased reverse-KL gradient
+    off-policy.
     """
     keep = mask.bool()
     if adv.dim() == 1:
@@ -165,7 +213,8 @@ def grpo_token_loss(
         if ref_logp is None:
             raise ValueError("cfg.beta > 0 needs ref_logp (log-probs under the reference model)")
         diff = torch.where(keep, ref_logp - new_logp, 0.0)
-        loss = loss + cfg.beta * (torch.exp(diff) - diff - 1.0)
+        k3 = torch.exp(diff) - diff - 1.0
+        loss = loss + cfg.beta * (k3 * ratio if cfg.kl_ratio_correction else k3)
     return torch.where(keep, loss, 0.0)
 
 
@@ -203,26 +252,67 @@ class GRPOTrainer:
         model: torch.nn.Module,
         config: GRPOConfig,
         pad_token_id: int,
-        ref_model: torch.nn.Module | None = None,
+        *,
+        total_steps: int | None = None,
     ) -> None:
-        """`ref_model` (frozen, used only when `config.beta > 0`) must share the tokenizer."""
-        if config.beta > 0 and ref_model is None:
-            raise ValueError(
-                f"beta={config.beta} adds a KL penalty to a reference policy: pass ref_model "
-                "(e.g. a frozen copy of the initial model) or set beta=0"
-            )
+        """Set up the optimizer, the LR schedule and, when `config.beta > 0`, the reference model.
+
+        The reference (`self.ref_model`) is a frozen deep copy of `model` as it is now, in eval
+        mode; with `beta == 0` there is none (`None`) and no memory is spent on it.
+        `total_steps` is the number of optimizer steps a decaying schedule spans when
+        `config.total_steps` is unset; each `step` call makes `config.num_iterations` of them.
+        """
         self.model = model
         self.config = config
         self.pad_token_id = pad_token_id
-        self.ref_model = ref_model
-        if ref_model is not None:
-            ref_model.eval()
-            ref_model.requires_grad_(False)
+        self.ref_model: torch.nn.Module | None = None
+        if config.beta > 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        # Created once so the Adam moments carry over from round to round.
+        # Created once so the Adam moments and the schedule carry over from round to round.
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, weight_decay=config.weight_decay
         )
+        span = config.total_steps if config.total_steps is not None else total_steps
+        if config.lr_scheduler != "constant" and span is None:
+            raise ValueError(
+                f"lr_scheduler={config.lr_scheduler!r} decays to 0 over a known number of "
+                "optimizer steps: set grpo.total_steps or pass total_steps to GRPOTrainer"
+            )
+        self.total_steps = span
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_multiplier(s, config.lr_scheduler, config.warmup_steps, span),
+        )
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken so far (the schedule's position)."""
+        return int(self.scheduler.last_epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer and schedule state, and the reference model's weights (None without one).
+
+        The policy's own weights are not included: they belong to the model (see
+        `trainers.checkpoint.save_checkpoint`, which stores both).
+        """
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "ref_model": None if self.ref_model is None else self.ref_model.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned, into a trainer built with the same config."""
+        if (state["ref_model"] is None) != (self.ref_model is None):
+            raise ValueError(
+                "the checkpoint and this trainer disagree on the reference model (one has "
+                "beta > 0, the other beta == 0); resume with the config of the checkpoint"
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ref_model is not None:
+            self.ref_model.load_state_dict(state["ref_model"])
 
     @staticmethod
     def _check(trajectories: list[Trajectory], advantages: Sequence[float]) -> None:
@@ -241,31 +331,59 @@ class GRPOTrainer:
                     f"and logprobs ({len(t.logprobs)}) must be aligned token for token"
                 )
 
+    def loss_masks(self, trajectories: list[Trajectory]) -> list[list[int]]:
+        """The trained tokens of each trajectory: its `loss_mask`, or all zeros when
+        `mask_truncated_completions` is on and the trajectory was cut by a limit."""
+        if not self.config.mask_truncated_completions:
+            return [t.loss_mask for t in trajectories]
+        return [
+            [0] * len(t.loss_mask) if t.finish_reason in TRUNCATED else t.loss_mask
+            for t in trajectories
+        ]
+
+    def micro_batches(self, n: int) -> list[range]:
+        """Index ranges of the forward/backward chunks of an `n`-trajectory batch.
+
+        The batch is cut into `gradient_accumulation_steps` contiguous parts of near-equal size
+        (fewer when the batch has fewer trajectories), and a part larger than `micro_batch_size`
+        is cut further. The split changes memory and speed, never the gradient.
+        """
+        cfg = self.config
+        parts = min(cfg.gradient_accumulation_steps, n)
+        bounds = [k * n // parts for k in range(parts + 1)]
+        return [
+            range(s, min(s + cfg.micro_batch_size, b))
+            for a, b in itertools.pairwise(bounds)
+            for s in range(a, b, cfg.micro_batch_size)
+        ]
+
     def accumulate_gradients(
         self, trajectories: list[Trajectory], advantages: Sequence[float]
     ) -> dict[str, float]:
         """One pass: zero the grads, then backprop the full-batch loss micro-batch by micro-batch.
 
         Leaves the summed gradients in `param.grad` (no clipping, no optimizer step) and returns
-        this pass's `loss`, `clip_ratio`, `entropy`, `kl` and `n_tokens` (masked tokens).
+        this pass's `loss`, `clip_ratio`, `entropy`, `kl` and `n_tokens` (trained tokens).
         Does not change the model's train/eval mode.
         """
         cfg = self.config
         self._check(trajectories, advantages)
         device = model_device(self.model)
-        n_tokens = sum(t.n_policy_tokens for t in trajectories)
+        amp = cfg.autocast_dtype(device)
+        masks = self.loss_masks(trajectories)
+        n_tokens = sum(sum(m) for m in masks)
         n_seqs = len(trajectories)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = 0.0
         clipped = 0.0
         entropy = 0.0
         kl = 0.0
-        for start in range(0, n_seqs, cfg.micro_batch_size):
-            chunk = trajectories[start : start + cfg.micro_batch_size]
+        for idx in self.micro_batches(n_seqs):
+            chunk = [trajectories[i] for i in idx]
             batch = pad_batch(
                 [t.token_ids for t in chunk],
                 self.pad_token_id,
-                masks=[t.loss_mask for t in chunk],
+                masks=[masks[i] for i in idx],
                 logprobs=[t.logprobs for t in chunk],
             )
             input_ids = batch["input_ids"].to(device)
@@ -273,18 +391,26 @@ class GRPOTrainer:
             mask = batch["loss_mask"].to(device).bool() & attention_mask.bool()
             old = batch["old_logprobs"].to(device)
             adv = torch.tensor(
-                [float(a) for a in advantages[start : start + len(chunk)]],
-                dtype=torch.float32,
-                device=device,
+                [float(advantages[i]) for i in idx], dtype=torch.float32, device=device
             )
             new, ent = token_logprobs(
-                self.model, input_ids, attention_mask, cfg.temperature, with_entropy=True
+                self.model,
+                input_ids,
+                attention_mask,
+                cfg.temperature,
+                with_entropy=True,
+                autocast_dtype=amp,
             )
             ref = None
-            if cfg.beta > 0:
-                assert self.ref_model is not None  # checked in __init__
+            if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = token_logprobs(self.ref_model, input_ids, attention_mask, cfg.temperature)
+                    ref = token_logprobs(
+                        self.ref_model,
+                        input_ids,
+                        attention_mask,
+                        cfg.temperature,
+                        autocast_dtype=amp,
+                    )
             per_token = grpo_token_loss(new, old, adv, mask, cfg, ref)
             loss = aggregate_loss(
                 per_token, mask, cfg.loss_agg, n_tokens, n_seqs, cfg.max_completion_tokens
@@ -316,19 +442,32 @@ class GRPOTrainer:
         """One GRPO update on a batch: `num_iterations` passes, one optimizer step per pass.
 
         `advantages[i]` belongs to `trajectories[i]` (see `group_advantages`). Returns the mean
-        over passes of `loss`, `clip_ratio`, `entropy` (over masked tokens) and `grad_norm`
-        (before clipping), `kl` when `beta > 0`, plus `n_tokens` (masked tokens in the batch) and
-        `seconds`. A batch without any masked token changes nothing. The model is in train mode
-        during the update and is put back in the mode it was in (eval, for rollouts).
+        over passes of `loss`, `clip_ratio`, `entropy` (over trained tokens) and `grad_norm`
+        (before clipping), `kl` when `beta > 0`, plus `lr` (of the first pass), `n_tokens`
+        (trained tokens in the batch), `n_masked_truncated` (trajectories dropped by
+        `mask_truncated_completions`) and `seconds`. A batch without any trained token changes
+        nothing, the schedule included. The model is in train mode during the update and is put
+        back in the mode it was in (eval, for rollouts).
         """
         cfg = self.config
         self._check(trajectories, advantages)
         t0 = time.perf_counter()
-        n_tokens = sum(t.n_policy_tokens for t in trajectories)
+        masks = self.loss_masks(trajectories)
+        n_tokens = sum(sum(m) for m in masks)
+        dropped = sum(
+            1
+            for t in trajectories
+            if cfg.mask_truncated_completions and t.finish_reason in TRUNCATED
+        )
+        info = {
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "n_tokens": float(n_tokens),
+            "n_masked_truncated": float(dropped),
+        }
         totals = {"loss": 0.0, "clip_ratio": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0}
         if n_tokens == 0:
             out = {k: v for k, v in totals.items() if k != "kl" or cfg.beta > 0}
-            return {**out, "n_tokens": 0.0, "seconds": time.perf_counter() - t0}
+            return {**out, **info, "seconds": time.perf_counter() - t0}
         was_training = self.model.training
         self.model.train()
         try:
@@ -336,6 +475,7 @@ class GRPOTrainer:
                 stats = self.accumulate_gradients(trajectories, advantages)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
+                self.scheduler.step()
                 for k in ("loss", "clip_ratio", "entropy", "kl"):
                     totals[k] += stats[k]
                 totals["grad_norm"] += float(grad_norm.item())
@@ -345,4 +485,4 @@ class GRPOTrainer:
         metrics = {k: v / cfg.num_iterations for k, v in totals.items()}
         if cfg.beta == 0:
             del metrics["kl"]
-        return {**metrics, "n_tokens": float(n_tokens), "seconds": time.perf_counter() - t0}
+        return {**metrics, **info, "seconds": time.perf_counter() - t0}

@@ -4,8 +4,14 @@ Design: each example is `(token_ids, loss_mask)` in the same token-in/token-out 
 `Trajectory`; the loss is next-token cross-entropy on the positions whose mask is 1, averaged over
 all such tokens in the batch (a token mean, so long answers weigh more than short ones, as in
 nanochat/trl). Batches are drawn by shuffling the dataset once per epoch with a seeded
-`torch.Generator`, so a run is reproducible; each batch is right-padded to its longest example.
-AdamW with linear warm-up then cosine decay to 0, and gradient-norm clipping.
+`torch.Generator`, so a run is reproducible. AdamW with linear warm-up then cosine decay to 0, and
+gradient-norm clipping.
+
+Packing (`pack`, on by default): a step's examples are packed into rows of up to `max_seq_len`
+tokens (`trainers.common.pack_batch`) with position ids restarting per example and no attention
+across examples, instead of each being right-padded to the longest one. The loss of a step is the
+same either way (the test checks it to 1e-5); packing only removes padding work. The batch is
+still `batch_size` examples, so packing changes the speed, not the optimisation.
 
 Left out: gradient accumulation, mixed precision, evaluation, checkpointing and length bucketing;
 `train()` is one self-contained run (a fresh optimizer and schedule per call).
@@ -13,14 +19,13 @@ Left out: gradient accumulation, mixed precision, evaluation, checkpointing and 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator
 
 import pydantic
 import torch
 
-from trainers.common import model_device, pad_batch
+from trainers.common import lr_multiplier, model_device, pack_batch, pad_batch
 
 
 class SFTConfig(pydantic.BaseModel, extra="forbid"):
@@ -33,6 +38,8 @@ class SFTConfig(pydantic.BaseModel, extra="forbid"):
     warmup_steps: int = 20
     max_grad_norm: float = 1.0
     seed: int = 0
+    pack: bool = True
+    max_seq_len: int = 512
 
     @pydantic.field_validator("steps", "warmup_steps", "weight_decay")
     @classmethod
@@ -48,25 +55,21 @@ class SFTConfig(pydantic.BaseModel, extra="forbid"):
             raise ValueError(f"batch_size must be >= 1 example per step, got {v}")
         return v
 
+    @pydantic.field_validator("max_seq_len")
+    @classmethod
+    def _row_length(cls, v: int) -> int:
+        if v < 2:
+            raise ValueError(
+                f"max_seq_len must be >= 2 tokens (one target needs a context), got {v}"
+            )
+        return v
+
     @pydantic.field_validator("lr", "max_grad_norm")
     @classmethod
     def _positive(cls, v: float, info: pydantic.ValidationInfo) -> float:
         if not v > 0:
             raise ValueError(f"{info.field_name} must be > 0, got {v}")
         return v
-
-
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
-    """LR multiplier for optimizer step `step` (0-based): linear warm-up to 1, then cosine to 0.
-
-    >>> [round(warmup_cosine(s, 2, 6), 3) for s in range(6)]
-    [0.5, 1.0, 1.0, 0.854, 0.5, 0.146]
-    """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    decay_steps = max(1, total_steps - warmup_steps)
-    progress = min(1.0, (step - warmup_steps) / decay_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def sft_loss(
@@ -90,6 +93,44 @@ def sft_loss(
     # torch.where (not a product) so a masked position contributes an exact 0 gradient.
     loss = torch.where(weight.bool(), ce, 0.0).sum() / max(n, 1)
     return loss, n
+
+
+def batch_loss(
+    model: torch.nn.Module,
+    examples: list[tuple[list[int], list[int]]],
+    pad_token_id: int,
+    pack: bool,
+    max_seq_len: int,
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """Forward `examples` (packed or right-padded) and return `(sft_loss, counts)`.
+
+    `counts` has `targets` (scored tokens), `tokens` (real tokens) and `positions` (the rows'
+    total width, padding included). The loss is the same packed or not.
+    """
+    device = model_device(model)
+    seqs = [ids for ids, _ in examples]
+    masks = [mask for _, mask in examples]
+    if pack:
+        batch = pack_batch(seqs, masks, pad_token_id, max_seq_len)
+        input_ids = batch["input_ids"].to(device)
+        # No attention_mask and no cache: only then does transformers derive the block-diagonal
+        # mask from the position ids (with a cache it silently falls back to plain causal).
+        out = model(
+            input_ids=input_ids, position_ids=batch["position_ids"].to(device), use_cache=False
+        )
+    else:
+        batch = pad_batch(seqs, pad_token_id, masks=masks)
+        input_ids = batch["input_ids"].to(device)
+        out = model(
+            input_ids=input_ids, attention_mask=batch["attention_mask"].to(device), use_cache=False
+        )
+    loss, n_targets = sft_loss(out.logits, input_ids, batch["loss_mask"].to(device))
+    counts = {
+        "targets": n_targets,
+        "tokens": int(batch["attention_mask"].sum().item()),
+        "positions": int(batch["attention_mask"].numel()),
+    }
+    return loss, counts
 
 
 class SFTTrainer:
@@ -121,9 +162,10 @@ class SFTTrainer:
 
         `on_step(step, metrics)` is called after every step (1-based `step`) with `loss` (the
         batch's masked token-mean CE before the update), `lr`, `grad_norm` (before clipping),
-        `n_tokens` (targets in the batch) and `tokens_per_s` (non-pad tokens processed per second
-        so far). Returns the last step's metrics plus `steps` and `seconds`; with `steps == 0`
-        the model is untouched and `loss` is NaN. The model's train/eval mode is restored.
+        `n_tokens` (targets in the batch), `pad_fraction` (share of the batch's positions that are
+        padding) and `tokens_per_s` (non-pad tokens processed per second so far). Returns the last
+        step's metrics plus `steps` and `seconds`; with `steps == 0` the model is untouched and
+        `loss` is NaN. The model's train/eval mode is restored.
         """
         cfg = self.config
         if not examples:
@@ -145,9 +187,8 @@ class SFTTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: warmup_cosine(s, cfg.warmup_steps, cfg.steps)
+            optimizer, lambda s: lr_multiplier(s, "cosine", cfg.warmup_steps, cfg.steps)
         )
-        device = model_device(self.model)
         was_training = self.model.training
         self.model.train()
         batches = self._batches(len(examples))
@@ -156,30 +197,27 @@ class SFTTrainer:
         try:
             for step in range(1, cfg.steps + 1):
                 idx = next(batches)
-                batch = pad_batch(
-                    [examples[i][0] for i in idx],
+                loss, counts = batch_loss(
+                    self.model,
+                    [examples[i] for i in idx],
                     self.pad_token_id,
-                    masks=[examples[i][1] for i in idx],
+                    cfg.pack,
+                    cfg.max_seq_len,
                 )
-                input_ids = batch["input_ids"].to(device)
-                attention_mask = batch["attention_mask"].to(device)
-                out = self.model(
-                    input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-                )
-                loss, n_tokens = sft_loss(out.logits, input_ids, batch["loss_mask"].to(device))
                 lr = optimizer.param_groups[0]["lr"]
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 optimizer.step()
                 schedule.step()
-                seen_tokens += int(attention_mask.sum().item())
+                seen_tokens += counts["tokens"]
                 elapsed = time.perf_counter() - start
                 metrics = {
                     "loss": float(loss.item()),
                     "lr": float(lr),
                     "grad_norm": float(grad_norm.item()),
-                    "n_tokens": float(n_tokens),
+                    "n_tokens": float(counts["targets"]),
+                    "pad_fraction": 1.0 - counts["tokens"] / counts["positions"],
                     "tokens_per_s": seen_tokens / max(elapsed, 1e-9),
                 }
                 if on_step is not None:

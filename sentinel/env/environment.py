@@ -10,6 +10,13 @@ that the reward and the analyzer read.
 A turn that is neither a call nor an answer ends the episode (as a chat model's final message
 would). A malformed call gets an error observation and the episode goes on, so recovering from
 one's own mistakes stays learnable.
+
+Several user turns (multi-turn tasks such as BFCL's): `follow_ups` holds the user messages that
+come after the prompt, one list per user turn. An answer, or a text turn the policy ended with eos,
+closes the current user turn; while follow-ups remain, the next one is appended (mask 0, framed by
+the chat template) and the episode goes on. Only the last user turn's closing step ends it, so the
+closing steps (`answer`/`text`) split `steps` into user turns. `turn_budget`, `max_turns` and
+`max_tokens` count over the whole episode.
 """
 
 from __future__ import annotations
@@ -47,8 +54,10 @@ class EnvConfig(BaseModel):
 
 class Episode:
     def __init__(self, task: Task, tools: dict[str, Tool], chat: ChatFormat,
-                 parser: ToolCallParser, config: EnvConfig, rng: random.Random) -> None:
+                 parser: ToolCallParser, config: EnvConfig, rng: random.Random,
+                 follow_ups: list[list[dict[str, str]]] | None = None) -> None:
         self.task, self.tools, self.chat, self.parser = task, tools, chat, parser
+        self.follow_ups = [list(turn) for turn in follow_ups or []]
         self.config, self.rng = config, rng
         schemas = [tool_schema(t) for t in tools.values()]
         self.token_ids: list[int] = chat.prompt_ids(task.prompt, schemas)
@@ -129,20 +138,35 @@ class Episode:
             step.index, step.text, step.hallucinated = len(self.steps) + i, text, turn.hallucinated
         self.steps += new_steps
 
+        closes_turn = new_steps[0].kind == "answer" or (
+            new_steps[0].kind == "text" and ended_with_eos)
         if new_steps[0].kind == "answer":
             self.answer = turn.answer
+        if closes_turn and self.follow_ups:
+            self._next_user_turn(self.follow_ups.pop(0), ended_with_eos)
+            return
+        if new_steps[0].kind == "answer":
             self._finish("answer")
             return
         if new_steps[0].kind == "text":
             self._finish("stop" if ended_with_eos else "max_tokens")
             return
         observations = [s.observation or "" for s in new_steps]
-        obs_ids = self.chat.encode(
-            self.chat.observation_text(observations, turn_ended_with_eos=ended_with_eos))
         self.messages += [{"role": "tool", "content": o} for o in observations]
-        self.token_ids += obs_ids
-        self.loss_mask += [0] * len(obs_ids)
-        self.logprobs += [0.0] * len(obs_ids)
+        self._append_context(
+            self.chat.observation_text(observations, turn_ended_with_eos=ended_with_eos))
+
+    def _next_user_turn(self, messages: list[dict[str, str]], ended_with_eos: bool) -> None:
+        self.messages += [dict(m) for m in messages]
+        self._append_context(user_turn_text(self.chat, messages,
+                                            turn_ended_with_eos=ended_with_eos))
+
+    def _append_context(self, text: str) -> None:
+        """Append environment text (mask 0), then end the episode if a limit is reached."""
+        ids = self.chat.encode(text)
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
         if self.turns >= self.config.max_turns:
             self._finish("max_turns")
         elif self.turn_budget() < 4:
@@ -157,13 +181,33 @@ class Episode:
         )
 
 
+_PROBE_USER = "\x00user-probe\x00"
+_PROBE_ASSISTANT = "\x00assistant-probe\x00"
+
+
+def user_turn_text(chat: ChatFormat, messages: list[dict[str, str]], *,
+                   turn_ended_with_eos: bool) -> str:
+    """The text that follows an assistant turn when the user speaks again: the assistant's end
+    marker (unless the policy already produced eos), the chat template's rendering of `messages`
+    and the next generation prompt. Read off the template by rendering a probe conversation."""
+    base = [{"role": "user", "content": _PROBE_USER},
+            {"role": "assistant", "content": _PROBE_ASSISTANT}]
+    rendered = chat.render([*base, *messages], add_generation_prompt=True)
+    text = rendered[rendered.index(_PROBE_ASSISTANT) + len(_PROBE_ASSISTANT):]
+    if turn_ended_with_eos and text.startswith(chat.eos_token):
+        text = text[len(chat.eos_token):]
+    return text
+
+
 def replay(task: Task, turns: list[str], tools: dict[str, Tool], chat: ChatFormat,
-           parser: ToolCallParser, config: EnvConfig) -> Trajectory:
+           parser: ToolCallParser, config: EnvConfig,
+           follow_ups: list[list[dict[str, str]]] | None = None) -> Trajectory:
     """Run scripted assistant turns (a reference solution) through the environment, with no
-    faults, producing the token trajectory a policy would have produced; used for SFT."""
+    injected faults, producing the token trajectory a policy would have produced; used for SFT.
+    `follow_ups` are the task's later user turns (`TaskFamily.follow_up_turns`)."""
     clean = config.model_copy(update={"faults": FaultConfig(), "max_tokens": 1 << 30,
                                       "max_turns": max(config.max_turns, len(turns))})
-    episode = Episode(task, tools, chat, parser, clean, random.Random(0))
+    episode = Episode(task, tools, chat, parser, clean, random.Random(0), follow_ups)
     for text in turns:
         if episode.done:
             break

@@ -44,11 +44,23 @@ class ToolCallParser(Protocol):
     def parse(self, text: str) -> ParsedTurn: ...
 
 
+def _encodable(obj: Any) -> bool:
+    """False when JSON escapes such as \\ud800 decoded to lone surrogates: no UTF-8 store (DuckDB,
+    Arrow) accepts them, so such a call must not reach a `Step`."""
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
+
+
 def _parse_call(body: str) -> ParsedCall:
     try:
         obj = json.loads(body)
     except (json.JSONDecodeError, RecursionError) as exc:
         return ParsedCall(None, None, f"invalid JSON in tool call: {exc.__class__.__name__}", body)
+    if not _encodable(obj):
+        return ParsedCall(None, None, "invalid JSON in tool call: unpaired surrogate escape", body)
     if not isinstance(obj, dict):
         return ParsedCall(None, None, "tool call must be a JSON object", body)
     name, args = obj.get("name"), obj.get("arguments", {})
@@ -59,6 +71,8 @@ def _parse_call(body: str) -> ParsedCall:
             args = json.loads(args)
         except (json.JSONDecodeError, RecursionError):
             return ParsedCall(name, None, "'arguments' is not a JSON object", body)
+        if not _encodable(args):
+            return ParsedCall(name, None, "'arguments' has an unpaired surrogate escape", body)
     if not isinstance(args, dict):
         return ParsedCall(name, None, "'arguments' is not a JSON object", body)
     return ParsedCall(name, args, None, body)

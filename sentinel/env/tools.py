@@ -8,13 +8,18 @@ the environment, the reward and the analyzer can tell them apart:
   expression). The policy's fault.
 - `ToolFailure`: the call was fine but the tool failed (a service error, a timeout, an injected
   fault). Retrying may work.
+
+Built-in tools: `Calculator` and `Python` (model-written code in the sandbox of
+`sentinel.env.sandbox`; its refusals and limits are `ToolFailure`s with a short reason such as
+"blocked: network access", and code that raises is `BadArguments`, the policy's fault).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from sentinel.env.calculator import CalcError, calculate
+from sentinel.env.sandbox import CodeRejected, SandboxLimits, check_code, run_python
 
 
 class BadArguments(ValueError):
@@ -69,7 +74,7 @@ def check_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
 class Calculator:
     name = "calculator"
     description = "Evaluate an integer arithmetic expression with + - * / and parentheses."
-    parameters: dict[str, Any] = {
+    parameters: ClassVar[dict[str, Any]] = {
         "type": "object",
         "properties": {"expression": {"type": "string", "description": "e.g. 12*(3+4)"}},
         "required": ["expression"],
@@ -81,3 +86,44 @@ class Calculator:
             return calculate(arguments["expression"])
         except CalcError as exc:
             raise BadArguments(str(exc)) from exc
+
+
+class Python:
+    """Runs a program in the sandbox and returns what it printed (stdout, then stderr if any),
+    cut to its last `max_result_chars` characters. The program raising, or exiting non-zero, is
+    `BadArguments` (`line N: Type: message`); a timeout, a limit, a blocked operation or a crash
+    is `ToolFailure` with the sandbox's reason."""
+
+    name = "python"
+    description = (
+        "Run a short Python 3 program (standard library only; no network, no processes, files "
+        "only in its working directory) and return what it prints."
+    )
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "description": "a program; print the result"}},
+        "required": ["code"],
+    }
+
+    def __init__(self, limits: SandboxLimits | None = None,
+                 max_result_chars: int = 2000) -> None:
+        self.limits = limits or SandboxLimits()
+        self.max_result_chars = max_result_chars
+
+    def __call__(self, **arguments: Any) -> str:
+        check_arguments(self, arguments)
+        try:
+            code = check_code(arguments["code"], self.limits)
+        except CodeRejected as exc:
+            raise BadArguments(str(exc)) from exc
+        result = run_python(code, self.limits)
+        if result.status == "error":
+            raise BadArguments(result.reason)
+        if result.status != "ok":
+            raise ToolFailure(result.reason, timeout=result.status == "timeout")
+        text = result.stdout.rstrip("\n")
+        if result.stderr.strip():
+            text = f"{text}\n{result.stderr.rstrip()}" if text else result.stderr.rstrip()
+        if len(text) > self.max_result_chars:
+            text = "..." + text[-(self.max_result_chars - 3):]
+        return text

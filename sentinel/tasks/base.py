@@ -13,7 +13,16 @@ A family owns everything specific to one kind of problem:
   (the sub-problem at a step) and `escalate` (a harder variant);
 - `locate_error(task, steps)`: the first step that went wrong in a failed attempt.
 
-`make_task` ties these together and is the only way a `Task` is built from a spec.
+Hooks with defaults, for families whose episodes are more than one prompt and one answer:
+
+- `tool_map(spec)`: the tools of one episode of `spec` (fresh instances; stateful tools such as
+  BFCL's API classes start from the spec's initial state). The default ignores `spec`.
+- `follow_up_turns(spec)`: the user turns after the prompt (passed to `Episode(follow_ups=...)`).
+- `verify_trajectory(task, trajectory)`: the outcome check of a whole episode; the default checks
+  the final answer with `verify`. A family whose success is the tools' end state overrides it.
+
+`make_task` ties these together and is the only way a `Task` is built from a spec. See
+docs/families.md.
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from sentinel.env.parser import format_answer, format_call
-from sentinel.env.tools import Tool
-from sentinel.types import Origin, Step, Task
+from sentinel.env.tools import Tool, ToolFailure
+from sentinel.types import Origin, Step, Task, Trajectory
 
 
 class SpecError(ValueError):
@@ -49,13 +58,51 @@ class ReferenceCall:
 
 @dataclass
 class ReferenceSolution:
+    """The calls, in order, and the final answer. `turn_sizes` (multi-turn tasks only) is the
+    number of calls in each user turn; each user turn is then closed with the answer."""
+
     calls: list[ReferenceCall] = field(default_factory=list)
     answer: str = ""
+    turn_sizes: list[int] | None = None
 
     def assistant_turns(self) -> list[str]:
         """The assistant messages of the reference trajectory, one per turn."""
         turns = [format_call(c.tool, c.arguments) for c in self.calls]
-        return [*turns, format_answer(self.answer)]
+        if self.turn_sizes is None:
+            return [*turns, format_answer(self.answer)]
+        if sum(self.turn_sizes) != len(turns):
+            raise ValueError(f"turn_sizes {self.turn_sizes} do not add up to {len(turns)} calls")
+        out: list[str] = []
+        for size in self.turn_sizes:
+            out += [*turns[:size], format_answer(self.answer)]
+            turns = turns[size:]
+        return out
+
+
+class FailFirstCall:
+    """A tool wrapper whose first call fails transiently (`ToolFailure`, with the message of the
+    environment's injected fault); wrappers sharing `state` share that one failure. Made by
+    `fail_first_call`."""
+
+    def __init__(self, tool: Tool, state: dict[str, bool]) -> None:
+        self.tool, self.state = tool, state
+        self.name, self.description, self.parameters = tool.name, tool.description, tool.parameters
+
+    def __call__(self, **arguments: Any) -> str:
+        if not self.state["failed"]:
+            self.state["failed"] = True
+            raise ToolFailure(f"{self.name} is temporarily unavailable; try again")
+        return self.tool(**arguments)
+
+
+def fail_first_call(tools: dict[str, Tool]) -> dict[str, Tool]:
+    """`tools` such that the episode's first call fails transiently, whichever tool it goes to.
+
+    A task-level, deterministic fault: recovering from a tool error is then part of the reference
+    solution (SFT sees the retry) and the task can carry the skill tag `recover:tool_error`,
+    unlike the environment's random faults (`env.faults`), which hit any task untagged."""
+    state = {"failed": False}
+    return {name: FailFirstCall(tool, state) for name, tool in tools.items()}
 
 
 class TaskFamily(ABC):
@@ -70,8 +117,15 @@ class TaskFamily(ABC):
     def tools(self) -> list[Tool]:
         """The tools this family's tasks may use (fresh instances, stateless or per-episode)."""
 
-    def tool_map(self) -> dict[str, Tool]:
+    def tool_map(self, spec: dict[str, Any] | None = None) -> dict[str, Tool]:
+        """The tools of one episode of `spec`, by name (fresh instances on every call). The
+        default ignores `spec`; a family whose tools hold per-task state overrides this and may
+        require `spec`."""
         return {t.name: t for t in self.tools()}
+
+    def follow_up_turns(self, spec: dict[str, Any]) -> list[list[dict[str, str]]]:
+        """The user turns that come after the prompt, one message list per turn (default none)."""
+        return []
 
     # -- the base distribution and rendering ---------------------------------------------------
     @abstractmethod
@@ -96,6 +150,10 @@ class TaskFamily(ABC):
 
     def verify(self, task: Task, answer: str | None) -> bool:
         return answer is not None and answer.strip() == task.answer.strip()
+
+    def verify_trajectory(self, task: Task, trajectory: Trajectory) -> bool:
+        """Whether a whole episode succeeded; by default, whether its final answer verifies."""
+        return self.verify(task, trajectory.answer)
 
     # -- edits that generators use -------------------------------------------------------------
     @abstractmethod
@@ -127,7 +185,7 @@ class TaskFamily(ABC):
     ) -> Task:
         """Validate, solve with the real tools, and build the `Task` (answer = tools' answer)."""
         spec = self.validate_spec(spec)
-        solution = self.solve(spec, self.tool_map())
+        solution = self.solve(spec, self.tool_map(spec))
         return Task(
             family=self.name,
             spec=spec,
