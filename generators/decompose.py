@@ -68,7 +68,7 @@ class DecomposeGenerator(BaseGenerator):
         for task, failures in order:
             family = ctx.families[task.family]
             try:
-                n_steps = len(family.solve(task.spec, family.tool_map()).calls)
+                n_steps = len(family.solve(task.spec, family.tool_map(task.spec)).calls)
             except SpecError:
                 continue
             if n_steps == 0:

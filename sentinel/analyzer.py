@@ -386,7 +386,7 @@ class FailureAnalyzer:
             found: Reference | None = None
             if family is not None:
                 try:
-                    solution = family.solve(task.spec, family.tool_map())
+                    solution = family.solve(task.spec, family.tool_map(task.spec))
                     found = Reference(
                         calls=[call_key(c.tool, c.arguments) for c in solution.calls],
                         answer=str(solution.answer).strip(),

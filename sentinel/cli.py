@@ -46,11 +46,15 @@ def loop(
         _fail(str(exc))
     from generators import GeneratorLoadError
     from sentinel.loop import Loop, LoopError
+    from task_store import StoreLockedError
 
     try:
         Loop(cfg, run_dir).run(resume=resume)
     except (GeneratorLoadError, LoopError) as exc:
         _fail(str(exc))
+    except (OSError, StoreLockedError) as exc:
+        _fail(f"{exc}\nthe interrupted round was not stored; once the cause is fixed, continue "
+              f"with: sentinel loop --resume --run-dir {run_dir}")
     _, rows = _store(run_dir).query(
         "SELECT round, heldout_success FROM rounds ORDER BY round")
     (r0, first), (rn, last) = rows[0], rows[-1]

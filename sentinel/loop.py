@@ -18,6 +18,7 @@ training rollouts only (held-out failures would leak the test set into training)
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -175,7 +176,8 @@ class Loop:
             family = self.families[task.family]
             for k in range(samples):
                 episode = Episode(task, family.tool_map(task.spec), self.chat, self.parser,
-                                  self.config.env, random.Random(self.rng.getrandbits(64)))
+                                  self.config.env, random.Random(self.rng.getrandbits(64)),
+                                  follow_ups=family.follow_up_turns(task.spec))
                 episodes.append((task, k, episode))
         with self._progress() as progress:
             bar = progress.add_task(label, total=len(episodes))
@@ -204,7 +206,8 @@ class Loop:
                 continue
             family = self.families[task.family]
             turns = family.solve(task.spec, family.tool_map(task.spec)).assistant_turns()
-            traj = replay(task, turns, family.tool_map(task.spec), self.chat, self.parser, self.config.env)
+            traj = replay(task, turns, family.tool_map(task.spec), self.chat, self.parser,
+                          self.config.env, follow_ups=family.follow_up_turns(task.spec))
             examples.append((traj.token_ids, traj.loss_mask))
             record.tasks[task.task_id] = task
         trainer = SFTTrainer(self.model, cfg, pad_token_id=self.tokenizer.pad_token_id)
@@ -373,6 +376,7 @@ class Loop:
                 failures=[f.to_row() for f in record.failures],
                 rejections=[r.to_row() for r in record.rejections],
                 evals=record.evals, clusters=record.clusters,
+                before_commit=lambda: fault_point("in_commit", record.round),
             )
             self._save_policy()
         self.logger.log_round(record.round, round_row)
@@ -498,8 +502,14 @@ class Loop:
 
 def fault_point(phase: str, round: int) -> None:
     """Crash-test hook: `SENTINEL_FAULT_AT=phase:round` kills this process with SIGKILL when the
-    loop reaches that point (phases: rollout, train, checkpoint, commit). Unset, it does nothing.
-    The reliability tests use it to kill the loop at exact places, as a power cut would."""
+    loop reaches that point (phases: rollout, train, checkpoint, commit, in_commit: inside the
+    store transaction, after every insert). `disk_full:round` instead raises ENOSPC inside that
+    transaction, as a full disk would. Unset, it does nothing. The reliability tests use it to
+    fail the loop at exact places."""
     target = os.environ.get("SENTINEL_FAULT_AT")
-    if target and target == f"{phase}:{round}":
+    if not target:
+        return
+    if target == f"{phase}:{round}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if phase == "in_commit" and target == f"disk_full:{round}":
+        raise OSError(errno.ENOSPC, "No space left on device (injected by SENTINEL_FAULT_AT)")

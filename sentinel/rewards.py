@@ -128,7 +128,8 @@ def score(
     raises is a bug to surface, not a zero reward.
     """
     terms = {
-        "outcome": outcome_score(task, trajectory.answer, family),
+        # The whole episode: families judged on final state (bfcl) need more than the answer.
+        "outcome": 1.0 if family.verify_trajectory(task, trajectory) else 0.0,
         "format": format_score(trajectory.steps),
         "process": process_score(trajectory.steps),
     }

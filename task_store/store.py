@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -228,8 +228,12 @@ class Store:
         rejections: Sequence[dict[str, Any]] = (),
         evals: Sequence[dict[str, Any]] = (),
         clusters: Sequence[dict[str, Any]] = (),
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         """Write everything of round `round` in one transaction (all or nothing).
+
+        `before_commit`, if given, runs inside the transaction after every insert and before
+        COMMIT; if it raises, the round is rolled back (the loop's crash tests use it).
 
         `round_row` holds the `rounds` columns other than `round` (missing ones are NULL; dicts for
         `metrics`/`timings` are JSON-encoded). Raises `ValueError` if the round is already
@@ -252,6 +256,8 @@ class Store:
             _insert(con, "rounds", [{**round_row, "round": round}])
             for table, rows in zip(_ROUND_TABLES, batches, strict=True):
                 _insert(con, table, rows, ignore_existing=table == "tasks")
+            if before_commit is not None:
+                before_commit()
 
     def upgrade(self) -> int:
         """Upgrade the existing file in place to `SCHEMA_VERSION` (no-op when current); returns the

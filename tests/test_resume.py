@@ -84,7 +84,8 @@ def reference(tmp_path_factory, config_file) -> dict:
     return fingerprint(run_dir)
 
 
-@pytest.mark.parametrize("fault", ["rollout:2", "train:1", "checkpoint:3", "commit:2"])
+@pytest.mark.parametrize("fault", ["rollout:2", "train:1", "checkpoint:3", "commit:2",
+                                   "in_commit:1"])
 def test_killed_run_resumes_exactly(tmp_path, config_file, reference, fault):
     killed = loop(tmp_path, config_file, fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -100,6 +101,17 @@ def test_killed_run_resumes_exactly(tmp_path, config_file, reference, fault):
     # Checkpoints: the last committed round's, nothing newer, nothing half-written.
     left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert left == [f"round-{CONFIG['rounds']}.pt"]
+
+
+def test_failure_inside_the_commit_stores_nothing_and_resumes(tmp_path, config_file, reference):
+    failed = loop(tmp_path, config_file, fault="disk_full:2")
+    assert failed.returncode not in (0, -signal.SIGKILL)
+    assert "No space left on device" in failed.stderr
+    assert Store(tmp_path / "sentinel.duckdb").completed_rounds() == [0, 1]
+    assert_no_duplicates(tmp_path)
+    resumed = loop(tmp_path, None, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert fingerprint(tmp_path) == reference
 
 
 def test_resume_of_a_finished_run_adds_nothing(tmp_path, config_file):

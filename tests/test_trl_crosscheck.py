@@ -22,7 +22,6 @@ changes RoPE positions (and so the numbers, slightly) against Sentinel's right p
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +41,13 @@ MAX_COMPLETION = 16
 TEMPERATURE = 0.7
 
 
-def build_trl(model_dir: Path, tokenizer: Any, **overrides: Any) -> Any:
+def build_trl(model_dir: Path, tokenizer: Any, output_dir: Path, **overrides: Any) -> Any:
     from datasets import Dataset
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
     args = TRLConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-crosscheck-"),
+        output_dir=str(output_dir),
         report_to="none",
         use_cpu=True,
         bf16=False,
@@ -113,6 +112,7 @@ CASES = [
 @pytest.mark.parametrize(("loss_type", "loss_agg", "beta", "kl_corr", "multi_turn", "mbs"), CASES)
 def test_loss_and_gradients_match_trl(
     tiny_dir: Path,
+    tmp_path: Path,
     loss_type: str,
     loss_agg: str,
     beta: float,
@@ -142,6 +142,7 @@ def test_loss_and_gradients_match_trl(
     theirs = build_trl(
         tiny_dir,
         tokenizer,
+        tmp_path,
         loss_type=loss_type,
         beta=beta,
         epsilon=0.2,
