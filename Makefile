@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	# torch first, exactly pinned, so nothing else drags in a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[dev]"
+	# The bfcl family needs bfcl-eval's data, API classes and checker, not its ~90 model-handler
+	# dependencies (which would also downgrade numpy): see the `bfcl` extra in pyproject.toml.
+	$(BIN)/pip install --quiet --no-deps "bfcl-eval>=2026.3.23" "mpmath>=1.3"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

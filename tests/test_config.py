@@ -28,14 +28,11 @@ def test_quickstart_loads() -> None:
     from sentinel.tasks import load_family
 
     assert load_family("arith", cfg.families[0].config).config.max_operands >= 2
-    assert cfg.env.faults.rate == 0.0
-    assert cfg.rollout.temperature == cfg.grpo.temperature == 0.7
-    assert cfg.grpo.lr == 3.0e-5
-    assert cfg.sft.num_examples == 2048 and cfg.sft.steps == 400
-    assert (cfg.batch.steps_per_round, cfg.batch.tasks_per_step, cfg.batch.group_size) == (8, 16, 8)
-    assert cfg.eval.num_tasks == 64 and cfg.eval.seed == 1234
-    assert cfg.curriculum.mined_fraction == 0.5
-    assert cfg.generators == [{"type": "mutate", "per_failure": 2}]
+    assert cfg.rollout.temperature == cfg.grpo.temperature
+    # Every generator named in it loads.
+    from generators import load_generator
+
+    assert [load_generator(spec).name for spec in cfg.generators]
 
 
 def test_defaults_without_a_file() -> None:

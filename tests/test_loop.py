@@ -52,7 +52,10 @@ TINY = {
     "batch": {"steps_per_round": 1, "tasks_per_step": 6, "group_size": 2},
     "eval": {"num_tasks": 4, "samples": 2},
     "curriculum": {"mined_fraction": 0.5},
-    "generators": [{"type": "mutate", "per_failure": 1},
+    # The band admits every pass rate: the untrained policy fails everything, and the test
+    # needs accepted tasks; the probe still runs and is recorded.
+    "generation": {"probe": True, "probe_samples": 2, "probe_band": [0.0, 1.0]},
+    "generators": [{"type": "mutate", "per_failure": 1}, {"type": "decompose"},
                    {"type": "tests.test_loop:ClaimingGenerator"}],
 }
 
@@ -92,6 +95,17 @@ def test_generated_tasks_of_round_r_are_trained_on_in_round_r_plus_1(run_dir):
           SELECT 1 FROM failures f WHERE f.task_id = t.parent_task_id
             AND f.round = t.created_round)""")[0][0]
     assert orphans == 0
+    # Every accepted task went through the difficulty probe.
+    unprobed = q(run_dir, "SELECT count(*) FROM tasks WHERE origin = 'generated' "
+                          "AND probe_pass_rate IS NULL")[0][0]
+    assert unprobed == 0
+    # Failure clusters are stored, and generated tasks name the cluster they aim at.
+    assert q(run_dir, "SELECT count(*) FROM clusters")[0][0] > 0
+    aimed = q(run_dir, """
+        SELECT count(*) FROM tasks t JOIN clusters c
+          ON c.cluster_id = t.target_cluster_id AND c.round = t.created_round
+        WHERE t.origin = 'generated'""")[0][0]
+    assert aimed > 0
 
 
 def test_plugin_generator_valid_candidates_stored_wrong_answers_rejected(run_dir):

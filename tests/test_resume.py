@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 CONFIG = {
     "seed": 5,
-    "rounds": 3,
+    "rounds": 2,
     "policy": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                         "num_attention_heads": 4}},
     "families": [{"name": "arith", "config": {"max_operands": 3, "instruction": ""}}],
@@ -84,8 +84,8 @@ def reference(tmp_path_factory, config_file) -> dict:
     return fingerprint(run_dir)
 
 
-@pytest.mark.parametrize("fault", ["rollout:2", "train:1", "checkpoint:3", "commit:2",
-                                   "in_commit:1"])
+@pytest.mark.parametrize("fault", ["rollout:2", "train:1", "checkpoint:2", "commit:1",
+                                   "in_commit:2"])
 def test_killed_run_resumes_exactly(tmp_path, config_file, reference, fault):
     killed = loop(tmp_path, config_file, fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
