@@ -239,22 +239,34 @@ def test_status_shows_training_metrics(tmp_path):
 
 
 def test_status_watch_follows_new_rounds_and_exits_on_ctrl_c(tmp_path):
+    import threading
+
     store = synth_store(tmp_path / "sentinel.duckdb", rounds=2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sentinel", "status", "--run-dir", str(tmp_path), "--watch",
          "--interval", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "COLUMNS": "300"})
+    chunks: list[str] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+
     try:
-        time.sleep(2.5)  # interpreter start and first table
+        # Live output to a pipe is only flushed at exit, so wait for start-up by time (generous:
+        # the interpreter imports torch-free code, but CI machines are busy).
+        time.sleep(4.0)
         # A loop commits while status watches: the watcher only ever holds read-only
         # connections briefly, so the write goes through.
         store.record_round(7, {"heldout_success": 0.777, "metrics": {"loss": 0.123}})
-        time.sleep(1.5)
+        time.sleep(2.0)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=90)
+        reader.join(timeout=10)
+        err = proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
+    out = "".join(chunks)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     assert "0.777" in out and "loss=0.123" in out
