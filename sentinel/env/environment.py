@@ -75,7 +75,8 @@ class Episode:
         """How many tokens the next turn may have (0 when the episode is over)."""
         if self.done:
             return 0
-        return max(0, min(self.config.max_turn_tokens, self.config.max_tokens - len(self.token_ids)))
+        left = self.config.max_tokens - len(self.token_ids)
+        return max(0, min(self.config.max_turn_tokens, left))
 
     def _finish(self, reason: str) -> None:
         self.done, self.finish_reason = True, reason

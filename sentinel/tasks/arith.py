@@ -19,7 +19,13 @@ from pydantic import Field, model_validator
 
 from sentinel.env.calculator import BinOp, CalcError, Neg, Node, Num, evaluate, parse, render
 from sentinel.env.tools import Calculator, Tool
-from sentinel.tasks.base import FamilyConfig, ReferenceCall, ReferenceSolution, SpecError, TaskFamily
+from sentinel.tasks.base import (
+    FamilyConfig,
+    ReferenceCall,
+    ReferenceSolution,
+    SpecError,
+    TaskFamily,
+)
 from sentinel.types import Step, Task
 
 OP_SKILL = {"+": "op:add", "-": "op:sub", "*": "op:mul", "/": "op:div"}
@@ -194,7 +200,8 @@ class ArithFamily(TaskFamily):
                 results[id(op)] = int(observation)
             except ValueError as exc:
                 raise SpecError(f"calculator gave non-integer {observation!r}") from exc
-            solution.calls.append(ReferenceCall("calculator", {"expression": expression}, observation))
+            solution.calls.append(
+                ReferenceCall("calculator", {"expression": expression}, observation))
         if not solution.calls:
             raise SpecError("expression has no operation")
         solution.answer = solution.calls[-1].observation
@@ -272,7 +279,8 @@ class ArithFamily(TaskFamily):
                 return node
             if isinstance(node, Neg):
                 return Neg(grow(node.operand, target, counter))
-            return BinOp(node.op, grow(node.left, target, counter), grow(node.right, target, counter))
+            left = grow(node.left, target, counter)
+            return BinOp(node.op, left, grow(node.right, target, counter))
 
         n = _leaves(tree)
         for _ in range(MAX_TRIES):
