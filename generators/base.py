@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from sentinel.tasks import TaskFamily
-from sentinel.types import Candidate, Failure, Task
+from sentinel.types import Candidate, Failure, Task, canonical_json
 
 
 class GeneratorConfig(BaseModel):
@@ -120,6 +120,16 @@ def failed_tasks(
         ),
     )
     return [(ctx.tasks[tid], by_task[tid]) for tid in order]
+
+
+def claim(proposed: set[str], family: str, spec: dict[str, Any]) -> bool:
+    """True the first time (family, spec) is seen in `proposed` (and record it); a generator
+    skips what it already proposed, since validation would reject it as a duplicate anyway."""
+    key = canonical_json([family, spec])
+    if key in proposed:
+        return False
+    proposed.add(key)
+    return True
 
 
 def round_robin(queues: list[list[Candidate]], limit: int) -> Iterable[Candidate]:

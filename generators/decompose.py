@@ -28,6 +28,7 @@ from generators.base import (
     BaseGenerator,
     GenerationContext,
     GeneratorConfig,
+    claim,
     failed_tasks,
     round_robin,
 )
@@ -87,10 +88,8 @@ class DecomposeGenerator(BaseGenerator):
                 spec = family.decompose(task.spec, step)
                 if spec is None:
                     continue
-                key = canonical_json([task.family, spec])
-                if key in proposed:
+                if not claim(proposed, task.family, spec):
                     continue
-                proposed.add(key)
                 queue.append(
                     Candidate(
                         family=task.family,

@@ -15,7 +15,13 @@ from collections.abc import Iterator
 
 from pydantic import Field
 
-from generators.base import BaseGenerator, GenerationContext, GeneratorConfig, round_robin
+from generators.base import (
+    BaseGenerator,
+    GenerationContext,
+    GeneratorConfig,
+    claim,
+    round_robin,
+)
 from sentinel.tasks import SpecError
 from sentinel.types import Candidate, canonical_json
 
@@ -43,10 +49,8 @@ class EscalateGenerator(BaseGenerator):
                     break
                 if spec is None:
                     break
-                key = canonical_json([task.family, spec])
-                if key in proposed:
+                if not claim(proposed, task.family, spec):
                     continue
-                proposed.add(key)
                 queue.append(
                     Candidate(
                         family=task.family,

@@ -17,7 +17,13 @@ from collections.abc import Iterator
 
 from pydantic import Field
 
-from generators.base import BaseGenerator, GenerationContext, GeneratorConfig, failed_tasks
+from generators.base import (
+    BaseGenerator,
+    GenerationContext,
+    GeneratorConfig,
+    claim,
+    failed_tasks,
+)
 from sentinel.tasks import SpecError
 from sentinel.types import Candidate, canonical_json
 
@@ -49,10 +55,8 @@ class MutateGenerator(BaseGenerator):
                 except SpecError:
                     exhausted.add(task.task_id)
                     continue
-                key = canonical_json([task.family, spec])
-                if key in proposed:  # the family repeated itself; validation would drop it
+                if not claim(proposed, task.family, spec):  # the family repeated itself
                     continue
-                proposed.add(key)
                 made += 1
                 yield Candidate(
                     family=task.family,
