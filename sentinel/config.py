@@ -91,7 +91,10 @@ class FamilyEntry(Section):
 class RolloutConfig(Section):
     backend: Literal["hf", "vllm"] = "hf"
     temperature: float = Field(0.7, gt=0, description="sampling temperature of training rollouts")
-    batch_size: int = Field(128, ge=1, description="sequences per generate() call")
+    batch_size: int = Field(128, ge=1, description="sequences per sampling call")
+    engine: Literal["auto", "static", "generate"] = Field(
+        "auto", description="hf backend: the static-cache sampler (Llama-family models) or "
+        "transformers' generate; auto picks static where the model supports it")
 
 
 class ColdStartConfig(SFTConfig):

@@ -156,7 +156,8 @@ class Loop:
         from sentinel.rollout.hf import HFBackend
 
         self.backend = HFBackend(self.model, self.tokenizer,
-                                 batch_size=self.config.rollout.batch_size)
+                                 batch_size=self.config.rollout.batch_size,
+                                 engine=self.config.rollout.engine)
 
     def _save_policy(self) -> None:
         out = self.run_dir / POLICY_DIR

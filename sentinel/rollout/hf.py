@@ -1,4 +1,5 @@
-"""`hf` rollout backend: batched sampling with transformers' `generate`.
+"""`hf` rollout backend: batched sampling with transformers models, through the static-cache
+engine (`sentinel.rollout.static`) where the architecture allows, else through `generate`.
 
 Contexts are left-padded into micro-batches (sorted by length to waste less padding), sampled with
 plain temperature sampling (no top-k/top-p, so the sampling distribution is exactly
@@ -11,12 +12,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+ENGINES = ("auto", "static", "generate")
+
 
 class HFBackend:
-    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 128) -> None:
+    """`engine`: `static` samples with `StaticEngine` (preallocated cache, shared prefill, ended
+    rows dropped; Llama-family models only), `generate` with transformers' `generate`, `auto` (the
+    default) with the first when the model supports it."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 128,
+                 engine: str = "auto") -> None:
+        from sentinel.rollout.static import StaticEngine, _unsupported
+
+        if engine not in ENGINES:
+            raise ValueError(f"rollout engine {engine!r}: expected one of {ENGINES} "
+                             "(static, generate or auto)")
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.engine = None
+        if engine != "generate":
+            self.engine = StaticEngine.build(model, self.eos_id, self.pad_id)
+            if self.engine is None and engine == "static":
+                raise ValueError(f"rollout engine 'static' cannot run this model: "
+                                 f"{_unsupported(model)}; use 'generate' or 'auto'")
 
     def sample(self, contexts: Sequence[list[int]], budgets: Sequence[int], *, temperature: float,
                greedy: bool) -> list[tuple[list[int], list[float]]]:
@@ -33,6 +52,8 @@ class HFBackend:
 
     def _sample_chunk(self, contexts: list[list[int]], budgets: list[int], temperature: float,
                       greedy: bool) -> list[tuple[list[int], list[float]]]:
+        if self.engine is not None:
+            return self.engine.sample(contexts, budgets, temperature=temperature, greedy=greedy)
         import torch
 
         device = next(self.model.parameters()).device
