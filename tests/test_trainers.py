@@ -32,6 +32,7 @@ from trainers import (
     sft_loss,
     token_logprobs,
 )
+from trainers.common import prefix_lengths, shared_prefix_logprobs
 
 PAD = 0
 VOCAB = 64
@@ -238,7 +239,9 @@ def test_observation_tokens_get_exactly_zero_gradient_pure() -> None:
 def test_observation_tokens_get_exactly_zero_gradient_in_trainer(
     model: LlamaForCausalLM, beta: float
 ) -> None:
-    cfg = GRPOConfig(beta=beta)
+    # One plain forward, so the hook below sees every logit; the shared-prefix pass is checked
+    # against this one in test_shared_prefix_pass_equals_the_plain_one.
+    cfg = GRPOConfig(beta=beta, share_prefix=False)
     ids = [1, 2, 3, 10, 11, 20, 21, 22, 12, 13]
     mask = [0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
     trainer = GRPOTrainer(model, cfg, PAD)
@@ -449,7 +452,8 @@ def test_bf16_autocast_switch(model: LlamaForCausalLM) -> None:
         bf16 = GRPOTrainer(model, GRPOConfig(bf16=True), PAD).accumulate_gradients(trajs, adv)
     finally:
         handle.remove()
-    assert dtypes == [torch.float32, torch.bfloat16]
+    # Two forwards per pass: the groups' shared prompts, then the rest of each row.
+    assert dtypes == [torch.float32] * 2 + [torch.bfloat16] * 2
     assert bf16["loss"] == pytest.approx(fp32["loss"], abs=0.05)
     assert bf16["loss"] != fp32["loss"]
 
@@ -658,3 +662,71 @@ def test_grpo_raises_probability_of_rewarded_continuation(model: LlamaForCausalL
         trainer.step(trajs, group_advantages(rewards, [t.group_id for t in trajs]))
     assert p_next(5) > max(0.5, 10 * p5)
     assert p_next(7) < p7
+
+
+# --- shared-prefix pass ---------------------------------------------------------------------------
+
+
+def grouped_batch(model: torch.nn.Module, temperature: float) -> list[Trajectory]:
+    """Three groups of four two-turn trajectories; a group's members share their prompt."""
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for group in range(3):
+        prompt = torch.randint(1, VOCAB, (4 + 2 * group,), generator=g).tolist()
+        for k in range(4):
+            ids, mask = list(prompt), [0] * len(prompt)
+            for length, m in [(1 + (k + group) % 3, 1), (2 + k % 2, 0), (1 + k % 2, 1)]:
+                ids += torch.randint(1, VOCAB, (length,), generator=g).tolist()
+                mask += [m] * length
+            out.append(make_traj(model, ids, mask, temperature, group_id=f"g{group}"))
+    return out
+
+
+@pytest.mark.parametrize(("beta", "micro"), [(0.0, 32), (0.04, 5)])
+def test_shared_prefix_pass_equals_the_plain_one(model: LlamaForCausalLM, beta: float,
+                                                 micro: int) -> None:
+    """Same loss, metrics and gradient of every parameter with the prompt run once per group
+    as with every row run whole; also with micro-batches that cut groups apart, and with the
+    KL term (whose reference model takes the same path)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    batch = grouped_batch(model, 0.9)
+    adv = [0.5, -1.0, 1.5, -0.25, 0.0, 1.0, -1.0, 0.3, -0.7, 0.2, 0.9, -1.2]
+    grads, stats = [], []
+    ref_state: dict[str, torch.Tensor] = {}
+    for share in (False, True):
+        cfg = GRPOConfig(beta=beta, share_prefix=share, micro_batch_size=micro,
+                         temperature=0.9, loss_agg="seq-mean-token-mean")
+        trainer = GRPOTrainer(model, cfg, PAD)
+        if trainer.ref_model is not None:  # a reference unlike the policy: KL has a gradient
+            if not ref_state:
+                with torch.no_grad():
+                    for p in trainer.ref_model.parameters():
+                        p.add_(0.05 * torch.randn_like(p))
+                ref_state = {k: v.clone() for k, v in trainer.ref_model.state_dict().items()}
+            trainer.ref_model.load_state_dict(ref_state)
+        stats.append(trainer.accumulate_gradients(batch, adv))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for key in ("loss", "entropy", "kl", "clip_ratio"):
+        assert stats[1][key] == pytest.approx(stats[0][key], abs=1e-5), key
+    assert (stats[0]["kl"] > 0) == (beta > 0)
+    for name, g0 in grads[0].items():
+        assert torch.allclose(grads[1][name], g0, atol=1e-5), name
+    assert any(g.abs().sum() > 0 for g in grads[1].values())
+
+
+def test_shared_prefix_logprobs_equal_token_logprobs(model: LlamaForCausalLM) -> None:
+    batch = grouped_batch(model, 1.0)
+    seqs, masks = [t.token_ids for t in batch], [t.loss_mask for t in batch]
+    padded = pad_batch(seqs, PAD, masks=masks)
+    with torch.no_grad():
+        plain, plain_ent = token_logprobs(model, padded["input_ids"], padded["attention_mask"],
+                                          0.8, with_entropy=True)
+        shared, shared_ent = shared_prefix_logprobs(model, seqs, prefix_lengths(seqs, masks),
+                                                    PAD, 0.8, with_entropy=True)
+    trained = padded["loss_mask"].bool()
+    assert trained.sum() > 20
+    assert torch.allclose(shared[trained], plain[trained], atol=1e-5)
+    assert torch.allclose(shared_ent[trained], plain_ent[trained], atol=1e-5)
+    assert prefix_lengths(seqs, masks)[:4] == [4] * 4  # the group's prompt

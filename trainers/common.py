@@ -185,6 +185,95 @@ def token_logprobs(
     return torch.where(valid, logp, 0.0)
 
 
+def prefix_lengths(seqs: list[list[int]], masks: list[list[int]]) -> list[int]:
+    """Per sequence, the length of its untrained lead: the tokens before the first trained one
+    (the prompt, for a rollout), kept within [1, len - 1] (token 0 is never predicted, so never
+    trained). Sequences with equal leads can share one forward over it. Needs len >= 2."""
+    out = []
+    for seq, mask in zip(seqs, masks, strict=True):
+        if len(seq) < 2:
+            raise ValueError("prefix sharing needs sequences of at least 2 tokens")
+        first = next((i for i, m in enumerate(mask) if m), len(seq))
+        out.append(min(max(first, 1), len(seq) - 1))
+    return out
+
+
+def shared_prefix_logprobs(
+    model: torch.nn.Module,
+    seqs: list[list[int]],
+    prefix_lens: list[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` for sequences whose first `prefix_lens[b]` tokens repeat across the batch
+    (the G samples of a GRPO group share their prompt): each distinct prefix goes through the
+    model once, its key/value cache is fanned out to the sequences that share it, and only the
+    rest of each sequence is run on top. Gradients flow through the shared cache into the prefix
+    forward, summed over the sharers, so loss and gradients equal the unshared computation's
+    (tests check both to 1e-5) while the prefix costs one forward/backward instead of G.
+
+    Returns `[B, T]` tensors in `pad_batch`'s right-padded layout: columns at or after
+    `prefix_lens[b]` hold the log-probs (and entropies); columns before it, padding and column 0
+    are 0 (the caller's loss mask must be 0 there, as `prefix_lens` makes it).
+    """
+    from transformers import DynamicCache
+
+    device = model_device(model)
+    n = len(seqs)
+    keys: dict[tuple[int, ...], int] = {}
+    which = [keys.setdefault(tuple(seq[:p]), len(keys)) for seq, p in zip(seqs, prefix_lens,
+                                                                           strict=True)]
+    prefixes = list(keys)
+    width = max(len(p) for p in prefixes)
+    # Prefixes left-padded (they end in the same column), the rest right-padded after them.
+    pre_ids = torch.full((len(prefixes), width), pad_id, dtype=torch.long)
+    pre_mask = torch.zeros((len(prefixes), width), dtype=torch.long)
+    for u, prefix in enumerate(prefixes):
+        pre_ids[u, width - len(prefix):] = torch.tensor(prefix, dtype=torch.long)
+        pre_mask[u, width - len(prefix):] = 1
+    rests = [seq[p:] for seq, p in zip(seqs, prefix_lens, strict=True)]
+    rest_w = max(len(r) for r in rests)
+    rest_ids = torch.full((n, rest_w), pad_id, dtype=torch.long)
+    rest_mask = torch.zeros((n, rest_w), dtype=torch.long)
+    for b, rest in enumerate(rests):
+        rest_ids[b, : len(rest)] = torch.tensor(rest, dtype=torch.long)
+        rest_mask[b, : len(rest)] = 1
+    index = torch.tensor(which, dtype=torch.long, device=device)
+    pre_ids, pre_mask = pre_ids.to(device), pre_mask.to(device)
+    rest_ids, rest_mask = rest_ids.to(device), rest_mask.to(device)
+    plen = torch.tensor(prefix_lens, dtype=torch.long, device=device)
+    if min(prefix_lens) < 1:
+        raise ValueError("every prefix needs at least one token (see prefix_lengths)")
+    with autocast(device, autocast_dtype):
+        pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=getattr(model, "config", None))
+        pre = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
+                    cache=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_select_indices(index)
+        last = pre.logits[:, -1].index_select(0, index)  # predicts each rest's first token
+        mask = torch.cat([pre_mask.index_select(0, index), rest_mask], dim=1)
+        out = model(input_ids=rest_ids, attention_mask=mask,
+                    position_ids=plen[:, None] + torch.arange(rest_w, device=device),
+                    cache=cache, use_cache=True)
+        logits = torch.cat([last[:, None], out.logits[:, :-1]], dim=1)
+    # logits[b, j] predicts rests[b][j]: reuse logprobs_from_logits on a one-step shift.
+    shifted = torch.cat([rest_ids[:, :1], rest_ids], dim=1)
+    padded = torch.cat([logits, logits[:, -1:]], dim=1)
+    res = logprobs_from_logits(padded, shifted, temperature, with_entropy=with_entropy)
+    cols = [r[:, 1:] for r in (res if with_entropy else (res,))]
+    total = max(len(seq) for seq in seqs)
+    where = (plen[:, None] + torch.arange(rest_w, device=device)).clamp(max=total + rest_w - 1)
+    valid = rest_mask.bool()
+    placed = []
+    for col in cols:
+        full = torch.zeros((n, total + rest_w), dtype=col.dtype, device=device)
+        full = full.scatter(1, where, torch.where(valid, col, 0.0))
+        placed.append(full[:, :total])
+    return (placed[0], placed[1]) if with_entropy else placed[0]
+
+
 def model_device(model: torch.nn.Module) -> torch.device:
     """Device of the model's first parameter (where batches must be moved)."""
     return next(model.parameters()).device
