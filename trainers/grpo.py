@@ -37,8 +37,9 @@ trl's own `GRPOTrainer._compute_loss`):
   Log-probs and gradients equal the unshared pass's (tested to 1e-5); the prompt's forward and
   backward cost once per group instead of G times.
 
-Left out: entropy bonus, length-bucketed micro-batches, sequence packing for the update, gradient
-checkpointing, and any generation or reward logic (that belongs to the rollout side).
+Micro-batches are cut from the batch sorted by length, so rows of similar length are padded
+together. Left out: entropy bonus, sequence packing for the update, gradient checkpointing,
+and any generation or reward logic (that belongs to the rollout side).
 Trajectories with zero advantage are kept: they add nothing to the loss but count in the
 normaliser, as in trl.
 """
@@ -357,7 +358,8 @@ class GRPOTrainer:
         ]
 
     def micro_batches(self, n: int) -> list[range]:
-        """Index ranges of the forward/backward chunks of an `n`-trajectory batch.
+        """Index ranges of the forward/backward chunks of an `n`-trajectory batch, as positions in
+        the batch sorted by length (see `accumulate_gradients`).
 
         The batch is cut into `gradient_accumulation_steps` contiguous parts of near-equal size
         (fewer when the batch has fewer trajectories), and a part larger than `micro_batch_size`
@@ -404,7 +406,12 @@ class GRPOTrainer:
         clipped = 0.0
         entropy = 0.0
         kl = 0.0
-        for idx in self.micro_batches(n_seqs):
+        # Rows sorted by length before the split, so each micro-batch pads to a similar length
+        # (multi-turn lengths vary several-fold); the whole-batch normalisers make the gradient
+        # independent of the order.
+        by_length = sorted(range(n_seqs), key=lambda i: len(trajectories[i].token_ids))
+        for part in self.micro_batches(n_seqs):
+            idx = [by_length[k] for k in part]
             chunk = [trajectories[i] for i in idx]
             batch = pad_batch(
                 [t.token_ids for t in chunk],
