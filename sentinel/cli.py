@@ -212,6 +212,40 @@ def report(
     typer.echo(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                        help="Benchmarks of the training loop itself.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("curriculum")
+def bench_curriculum(
+    config: Annotated[Path, typer.Option("--config", help="bench YAML (a loop config plus a "
+                                         "`bench` section)")] = Path("configs/bench_arith.yaml"),
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds per arm")] = 3,
+    out: Annotated[Path, typer.Option("--out", help="output directory (runs, results, plots); "
+                                      "finished runs in it are reused")] = Path("runs/bench"),
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="override: key.path=value")] = None,
+) -> None:
+    """Failure-driven curriculum vs uniform sampling vs online difficulty filtering, at equal
+    rollout budget from one shared SFT cold start (see docs/results.md)."""
+    import shlex
+    import sys
+
+    from sentinel.bench import BenchError, load_bench_config, run_curriculum_bench
+    from sentinel.config import ConfigError
+
+    try:
+        cfg = load_bench_config(config, set_ or [])
+    except ConfigError as exc:
+        _fail(str(exc))
+    command = "sentinel " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    try:
+        run_curriculum_bench(cfg, seeds, out, command=command)
+    except BenchError as exc:
+        _fail(str(exc))
+
+
 def main() -> None:
     app()
 

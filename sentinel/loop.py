@@ -123,16 +123,19 @@ class Loop:
     def _held_out_tasks(self) -> list[Task]:
         cfg = self.config.eval
         entries = cfg.families or self.config.families
-        families = {e.name: self.families.get(e.name) or load_family(e.name, e.config)
-                    for e in entries}
-        self.families.update({k: v for k, v in families.items() if k not in self.families})
+        # Each entry samples with its own config (a held-out set may reach past the training
+        # range: more operands, larger numbers); a task is verified and run by its family, whose
+        # checks depend on the task's spec, not on the sampling config.
+        samplers = [load_family(e.name, e.config) for e in entries]
+        for e, family in zip(entries, samplers, strict=True):
+            self.families.setdefault(e.name, family)
         rng = random.Random(cfg.seed)
         tasks: dict[str, Task] = {}
         for _ in range(100 * cfg.num_tasks):
             if len(tasks) >= cfg.num_tasks:
                 break
-            entry = rng.choices(entries, weights=[e.weight for e in entries])[0]
-            task = families[entry.name].sample_task(rng, origin="eval")
+            k = rng.choices(range(len(entries)), weights=[e.weight for e in entries])[0]
+            task = samplers[k].sample_task(rng, origin="eval")
             tasks.setdefault(task.task_id, task)
         return list(tasks.values())
 
@@ -344,6 +347,7 @@ class Loop:
             trajs = self._rollout(tasks, self.config.generation.probe_samples, split="probe",
                                   round=record.round, group_prefix=f"r{record.round}probe",
                                   label=f"round {record.round} difficulty probe")
+        record.metrics["probe_rollouts"] = record.metrics.get("probe_rollouts", 0.0) + len(trajs)
         outcomes: dict[str, list[bool]] = defaultdict(list)
         for t in trajs:
             outcomes[t.task_id].append(t.success)

@@ -1,0 +1,138 @@
+"""The curriculum bench's plumbing on a tiny budget (one seed, one round, a 2-layer policy): the
+shared cold start, one run per arm with the arm's sampling, the figures and the outputs. It checks
+that the parts connect, not which arm wins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from sentinel.bench import (
+    BenchConfig,
+    RunResult,
+    arm_config,
+    load_bench_config,
+    markdown_table,
+    ratio_line,
+    rollouts_to_target,
+    summarize,
+)
+from sentinel.config import ConfigError, load_config
+
+TINY = {
+    "seed": 0,
+    "rounds": 1,
+    "policy": {"model": "tiny", "tiny": {"hidden_size": 32, "intermediate_size": 64,
+                                         "num_hidden_layers": 2, "num_attention_heads": 4}},
+    "families": [{"name": "arith", "config": {"min_operands": 2, "max_operands": 2,
+                                              "max_value": 9, "instruction": ""}}],
+    "env": {"max_turns": 3, "max_tokens": 96, "max_turn_tokens": 24},
+    "rollout": {"temperature": 1.0},
+    "sft": {"steps": 3, "batch_size": 8, "num_examples": 16},
+    "grpo": {"temperature": 1.0, "micro_batch_size": 16},
+    "batch": {"steps_per_round": 1, "tasks_per_step": 3, "group_size": 2},
+    "eval": {"num_tasks": 6, "samples": 1, "greedy": False, "families": [
+        {"name": "arith", "weight": 2, "config": {"min_operands": 2, "max_operands": 2,
+                                                  "max_value": 9, "instruction": ""}},
+        {"name": "arith", "weight": 1, "config": {"min_operands": 3, "max_operands": 3,
+                                                  "max_value": 30, "instruction": ""}}]},
+    "generation": {"budget": 4, "probe_samples": 1, "probe_band": [0.0, 1.0]},
+    "generators": [{"type": "mutate", "per_failure": 1}],
+    "bench": {"target": 0.01, "hardest_skills": 2, "min_skill_tasks": 1, "parallel": 2},
+}
+
+
+def test_arms_differ_only_in_what_they_train_on(tmp_path):
+    cfg = BenchConfig.model_validate(TINY)
+    runs = {arm: arm_config(cfg, arm, 7, tmp_path / "p") for arm in ("failure", "uniform",
+                                                                      "filter")}
+    for data in runs.values():
+        loaded = load_config(data=data)  # each is a valid loop config
+        assert loaded.seed == 7 and not loaded.sft.enabled
+        assert loaded.policy.model == str((tmp_path / "p").resolve())
+    assert runs["failure"]["generators"] == TINY["generators"]
+    assert runs["uniform"]["generators"] == runs["filter"]["generators"] == []
+    assert runs["uniform"]["curriculum"]["drop_zero_variance"] is False
+    assert runs["filter"]["curriculum"]["drop_zero_variance"] is True
+    for arm in ("uniform", "filter"):
+        assert runs[arm]["curriculum"]["mined_fraction"] == 0.0
+    strip = ("generators", "curriculum", "seed")
+    same = [{k: v for k, v in d.items() if k not in strip} for d in runs.values()]
+    assert same[0] == same[1] == same[2]
+
+
+def test_bad_bench_config_names_the_key(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "bench": {"arms": ["failure", "greedy"]}}))
+    with pytest.raises(ConfigError, match=r"bench\.arms\.1"):
+        load_bench_config(path)
+
+
+def test_figures():
+    assert rollouts_to_target([0, 10, 20], [0.1, 0.3, 0.5], 0.4) == pytest.approx(15.0)
+    runs = [RunResult("failure", 0, [0, 10, 20], [0.1, 0.3, 0.5], {"a": 0.5}),
+            RunResult("failure", 1, [0, 10, 20], [0.1, 0.5, 0.6], {"a": 0.7}),
+            RunResult("uniform", 0, [0, 10, 20], [0.1, 0.2, 0.3], {"a": 0.1}),
+            RunResult("uniform", 1, [0, 10, 20], [0.1, 0.2, 0.45], {"a": 0.3})]
+    s = summarize(runs, 0.4, ["a"])
+    assert s["arms"]["failure"]["rollouts_to_target"] == pytest.approx([15.0, 7.5])
+    # uniform: 0.3 never reaches 0.4; 0.2 -> 0.45 crosses it at 10 + 10 * 0.2 / 0.25 = 18.
+    assert s["arms"]["uniform"]["rollouts_to_target"] == [None, pytest.approx(18.0)]
+    assert s["arms"]["failure"]["skills"]["a"][0] == pytest.approx(0.6)
+    # The unreached seed counts with its budget (20): (20 + 18) / 2 = 19 against 11.25, and the
+    # ratio is a lower bound.
+    assert ratio_line(s) == "rollouts-to-target ratio: uniform/failure >1.69"
+    assert "(1/2)" in markdown_table(s)
+
+
+@pytest.mark.slow
+def test_bench_smoke(tmp_path):
+    from sentinel.cli import app
+
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["bench", "curriculum", "--config", str(cfg), "--seeds", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1].startswith("rollouts-to-target ratio: ")
+    summary = json.loads((out / "results.json").read_text())
+    assert set(summary["arms"]) == {"failure", "uniform", "filter"}
+    for arm, a in summary["arms"].items():
+        (curve,) = a["curves"]
+        assert len(curve["rollouts"]) == 2 and curve["rollouts"][0] == 0
+        train = curve["rollouts"][1]
+        # 1 step x 3 tasks x 2 samples of training; the failure arm adds its probe rollouts.
+        assert train == 6 if arm != "failure" else train >= 6
+        # Every run starts from the one cold start: the same policy, the same held-out tasks.
+        assert (out / f"{arm}-s0" / "bench-config.yaml").exists()
+    assert len(summary["hardest_skills"]) == 2
+    png = (out / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+    assert "rollouts-to-target ratio" in (out / "results.md").read_text()
+    # Runs already in OUT are reused: a second call starts nothing and gives the same figures.
+    again = CliRunner().invoke(app, ["bench", "curriculum", "--config", str(cfg), "--seeds", "1",
+                                     "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "results.json").read_text())["arms"] == summary["arms"]
+
+
+def test_held_out_entries_sample_with_their_own_config(tmp_path):
+    """A held-out entry of a training family with a harder config (the bench's tail) samples
+    with that config, not the training one."""
+    from sentinel.loop import Loop
+
+    cfg = load_config(data={**{k: v for k, v in TINY.items() if k != "bench"},
+                            "eval": {"num_tasks": 12, "samples": 1, "greedy": False, "families": [
+                                {"name": "arith", "config": {"min_operands": 5,
+                                                             "max_operands": 5,
+                                                             "instruction": ""}}]}})
+    loop = Loop(cfg, tmp_path / "run")
+    assert len(loop.eval_tasks) == 12
+    assert all("steps:4" in t.skills for t in loop.eval_tasks)
+    # Training draws keep the training config (two operands, one step).
+    train = [loop._sample_base(loop.rng) for _ in range(12)]
+    assert all("steps:1" in t.skills for t in train)
