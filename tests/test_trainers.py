@@ -731,3 +731,24 @@ def test_shared_prefix_logprobs_equal_token_logprobs(model: LlamaForCausalLM) ->
     assert torch.allclose(shared[trained], plain[trained], atol=1e-5)
     assert torch.allclose(shared_ent[trained], plain_ent[trained], atol=1e-5)
     assert prefix_lengths(seqs, masks)[:4] == [4] * 4  # the group's prompt
+
+
+def test_logprobs_blocks_do_not_change_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row at a time (a real vocabulary) and the whole batch at once (the tiny one) agree,
+    values and gradients."""
+    import trainers.common as common
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(5, 7, 11, generator=g, requires_grad=True)
+    ids = torch.randint(0, 11, (5, 7), generator=g)
+    results = []
+    for block in (1 << 24, 11 * 7 * 2, 1):  # all rows, two rows, one row per block
+        monkeypatch.setattr(common, "LOGIT_BLOCK", block)
+        logits.grad = None
+        lp, ent = common.logprobs_from_logits(logits, ids, 0.7, with_entropy=True)
+        (lp * torch.arange(7.0)).sum().backward()
+        results.append((lp.detach(), ent, logits.grad.clone()))
+    for lp, ent, grad in results[1:]:
+        assert torch.allclose(lp, results[0][0], atol=1e-6)
+        assert torch.allclose(ent, results[0][1], atol=1e-6)
+        assert torch.allclose(grad, results[0][2], atol=1e-6)

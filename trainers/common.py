@@ -15,8 +15,8 @@ flash-attention reads the same position ids as `cu_seqlens`) and no token attend
 both trainers use through `torch.optim.lr_scheduler.LambdaLR`.
 
 Left out: left-padding, and chunking along the sequence (the full `[B, T, V]` logits of one forward
-pass are materialised; only the softmax work after it is done row by row to keep temporaries
-small).
+pass are materialised; only the softmax work after it is done in blocks of rows to keep
+temporaries small).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Literal, overload
 import torch
 
 Schedule = Literal["constant", "linear", "cosine"]
+LOGIT_BLOCK = 1 << 24  # float32 elements of logits handled at once by logprobs_from_logits
 
 
 def pad_batch(
@@ -115,25 +116,27 @@ def logprobs_from_logits(
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    batch, _, _ = logits.shape
+    batch, width, vocab = logits.shape
     targets = input_ids[:, 1:]
     logp_rows: list[torch.Tensor] = []
     ent_rows: list[torch.Tensor] = []
     # The target's log-prob is `logit - logsumexp`, which never materialises a [T, V] log_softmax;
-    # going row by row bounds the temporaries (under no_grad, one float32 [T, V] copy at a time).
-    for b in range(batch):
-        row = logits[b, :-1].float() / temperature
-        lse = torch.logsumexp(row, dim=-1)
-        logp_rows.append(row.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1) - lse)
+    # going a block of rows at a time bounds the temporaries (about `LOGIT_BLOCK` float32
+    # elements: one row of a real vocabulary, the whole batch of the tiny one).
+    block = max(1, LOGIT_BLOCK // max(1, width * vocab))
+    for b in range(0, batch, block):
+        rows = logits[b:b + block, :-1].float() / temperature
+        lse = torch.logsumexp(rows, dim=-1)
+        logp_rows.append(rows.gather(-1, targets[b:b + block].unsqueeze(-1)).squeeze(-1) - lse)
         if with_entropy:
             with torch.no_grad():
-                probs = torch.softmax(row, dim=-1)
-                ent_rows.append(lse - (probs * row).sum(-1))
+                probs = torch.softmax(rows, dim=-1)
+                ent_rows.append(lse - (probs * rows).sum(-1))
     zero = torch.zeros((batch, 1), dtype=torch.float32, device=logits.device)
-    logp = torch.cat([zero, torch.stack(logp_rows)], dim=1)
+    logp = torch.cat([zero, torch.cat(logp_rows)], dim=1)
     if not with_entropy:
         return logp
-    return logp, torch.cat([zero, torch.stack(ent_rows)], dim=1)
+    return logp, torch.cat([zero, torch.cat(ent_rows)], dim=1)
 
 
 @overload
