@@ -6,7 +6,9 @@ completion runs to the length cap), the same 16 single-turn arith prompts per st
 at most 48 new tokens at temperature 0.7 (no top-k/top-p), the same reward function, token-mean
 loss ("dapo" in trl), one optimizer step per batch and one forward/backward micro-batch of 128.
 
-- Sentinel: `HFBackend.sample` (the loop's rollout backend) + `GRPOTrainer.step`.
+- Sentinel: `HFBackend.sample` (the loop's rollout backend: the static-cache engine) +
+  `GRPOTrainer.step` (shared-prefix update). Same prompts, samples, token limits and trained
+  tokens as trl.
 - trl: a real `trl.GRPOTrainer.train()` (generation inside trl with transformers' `generate`);
   a callback times each of its steps from `on_step_begin` to `on_step_end` (generation, reward,
   loss, backward, optimizer step) and runs one Sentinel step right after, so the two alternate
