@@ -50,14 +50,23 @@ from sentinel.tasks import SpecError
 from sentinel.types import Candidate, Failure, Task
 
 DEFAULT_TEMPLATE = Path(__file__).parent / "templates" / "teacher.j2"
+# The embedded teacher's prompt: the cluster's family, skills and mode, then the few-shot lines
+# (a 2-layer model reads every character; the prose of teacher.j2 would only cost it time).
+TINY_TEMPLATE = Path(__file__).parent / "templates" / "teacher_tiny.j2"
 MAX_PROBLEM_CHARS = 300
 
 
 class TeacherConfig(GeneratorConfig):
     type: str = "teacher"
     model: str = Field(
-        description="'policy' (the loop's current policy) or a local HF causal-LM path / hub id"
+        description="'policy' (the loop's current policy), 'tiny' (an embedded spec writer, "
+        "trained when the generator is built) or a local HF causal-LM path / hub id"
     )
+    tiny_families: list[str] = Field(
+        default_factory=lambda: ["arith"], description="model 'tiny': families it learns to write"
+    )
+    tiny_steps: int = Field(100, ge=1, description="model 'tiny': SFT steps")
+    tiny_seed: int = Field(0, description="model 'tiny': seed of its weights and training data")
     template: str | None = Field(None, description="jinja2 prompt template (default teacher.j2)")
     clusters: int = Field(4, ge=1, description="clusters prompted per round, biggest first")
     samples: int = Field(4, ge=1, description="completions sampled per cluster prompt")
@@ -123,13 +132,16 @@ class TeacherGenerator(BaseGenerator):
         super().__init__(config)
         self._loaded: tuple[Any, Any] | None = None
         self._template: Any = None
+        if config.model == "tiny":
+            self._loaded = self._train_tiny()
 
     # -- inputs ---------------------------------------------------------------------------------
     def _render(self, **variables: Any) -> str:
         if self._template is None:
             import jinja2
 
-            path = Path(self.config.template) if self.config.template else DEFAULT_TEMPLATE
+            path = (Path(self.config.template) if self.config.template
+                    else TINY_TEMPLATE if self.config.model == "tiny" else DEFAULT_TEMPLATE)
             env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
             self._template = env.from_string(path.read_text())
         return self._template.render(**variables)
@@ -149,6 +161,68 @@ class TeacherGenerator(BaseGenerator):
             self._loaded = (model, tokenizer)
         return self._loaded
 
+    def _train_tiny(self) -> tuple[Any, Any]:
+        """The embedded teacher: a small character-level Llama (the policy's tokenizer) trained
+        with SFT to continue this generator's own prompts. Each training prompt is rendered from
+        the template exactly as at run time, for a synthetic cluster around a sampled task (its
+        skills, a failure mode, a summary in the fallback format) with few-shot lines from the
+        task and `perturb` variants; the target is three more variants, one JSON line each. So it
+        learns the spec format and to write tasks like the exemplars, with the same skills: what
+        a real teacher model is asked for, at the scale of the CPU quickstart (no hub download).
+        Its default template is the compact `templates/teacher_tiny.j2`. Deterministic for a
+        given `tiny_seed`."""
+        import copy
+        import random
+        import tempfile
+
+        import torch
+
+        from sentinel.policy import TinyPolicyConfig, build_tiny_policy, load_policy
+        from sentinel.tasks import load_family
+        from trainers.sft import SFTConfig, SFTTrainer
+
+        cfg = self.config
+        rng = random.Random(cfg.tiny_seed)
+        modes = ["wrong_answer", "premature_answer", "format_error", "bad_arguments"]
+        families = {name: load_family(name) for name in cfg.tiny_families}
+        with tempfile.TemporaryDirectory(prefix="sentinel-teacher-") as tmp:
+            model, tokenizer = load_policy(build_tiny_policy(tmp, TinyPolicyConfig(
+                hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                num_attention_heads=4, max_position_embeddings=1024, seed=cfg.tiny_seed)))
+            model = copy.deepcopy(model)  # owns its weights once the directory is gone
+        examples = []
+        for _ in range(512):
+            name = rng.choice(cfg.tiny_families)
+            fam = families[name]
+            task = fam.sample_task(rng, origin="seed")
+            mode, n = rng.choice(modes), rng.randint(1, 40)
+            skills = sorted(task.skills)
+            cluster = {"family": name, "skills": skills, "mode": mode, "n_failures": n,
+                       "summary": f"{name} | {', '.join(skills) or '-'} | {mode}: {n} failures"}
+            shots = self._spec_lines(fam, name, [task], rng)
+            prompt = self._render(cluster=cluster, family=name, examples=shots)
+            targets = []
+            for _ in range(3):
+                try:
+                    targets.append(json.dumps({"family": name,
+                                               "spec": fam.perturb(task.spec, rng)}))
+                except SpecError:
+                    continue
+            if not targets:
+                continue
+            p_ids = tokenizer.encode(prompt, add_special_tokens=False)
+            t_ids = tokenizer.encode("\n".join(targets) + "\n", add_special_tokens=False)
+            p_ids = p_ids[-(model.config.max_position_embeddings - len(t_ids) - 1):]
+            examples.append((p_ids + t_ids + [tokenizer.eos_token_id],
+                             [0] * len(p_ids) + [1] * (len(t_ids) + 1)))
+        with torch.random.fork_rng():
+            torch.manual_seed(cfg.tiny_seed)
+            SFTTrainer(model, SFTConfig(steps=cfg.tiny_steps, batch_size=16, lr=3e-3,
+                                        warmup_steps=10, max_seq_len=1024, seed=cfg.tiny_seed),
+                       pad_token_id=tokenizer.pad_token_id).train(examples)
+        model.eval()
+        return model, tokenizer
+
     @staticmethod
     def _clusters(ctx: GenerationContext) -> list[dict[str, Any]]:
         if ctx.clusters:
@@ -167,12 +241,15 @@ class TeacherGenerator(BaseGenerator):
 
     def _examples(self, ctx: GenerationContext, family: str, tasks: list[Task]) -> list[str]:
         """Up to `shots` spec lines: the cluster's tasks, then perturbations of them."""
+        return self._spec_lines(ctx.families[family], family, tasks, ctx.rng)
+
+    def _spec_lines(self, fam: Any, family: str, tasks: list[Task], rng: Any) -> list[str]:
         specs = [t.spec for t in tasks][: self.config.shots]
         for task in tasks:
             if len(specs) >= self.config.shots:
                 break
             try:
-                variant = ctx.families[family].perturb(task.spec, ctx.rng)
+                variant = fam.perturb(task.spec, rng)
             except SpecError:
                 continue
             if variant not in specs:

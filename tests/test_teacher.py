@@ -166,3 +166,27 @@ def test_sft_trained_teacher_yields_accepted_tasks(tmp_path: Path):
     failures, _ = failures_and_tasks()
     assert {t.target_cluster_id for t in tasks} <= {f.cluster_id for f in failures}
     assert {r.reason for r in rejections} <= {"unparseable", "duplicate", "schema"}
+
+
+@pytest.mark.slow
+def test_embedded_tiny_teacher_yields_accepted_tasks():
+    """`model: tiny` trains the embedded spec writer when the generator is built (about a minute
+    of CPU) and its specs pass validation, aimed at the cluster they were prompted with."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: more threads only spin
+    try:
+        teacher = load_generator({"type": "teacher", "model": "tiny", "samples": 4,
+                                  "clusters": 4, "shots": 2, "tiny_steps": 80,
+                                  "temperature": 0.7})
+        tasks, rejections, stats = run_generators([teacher], context(),
+                                                  known_task_ids=nothing_known)
+    finally:
+        torch.set_num_threads(threads)
+    assert stats["teacher"]["errors"] == 0 and stats["teacher"]["proposed"] > 0
+    assert tasks, f"no valid teacher task; rejections: {[r.reason for r in rejections]}"
+    failures, _ = failures_and_tasks()
+    assert all(t.generator == "teacher" and t.family == "arith" for t in tasks)
+    assert {t.target_cluster_id for t in tasks} <= {f.cluster_id for f in failures}
+    assert {r.reason for r in rejections} <= {"unparseable", "duplicate", "schema"}
