@@ -23,7 +23,9 @@ Protocol (docs/results.md has the figures):
 Outputs in OUT: `results.json` (every curve and figure), `results.md` (the table), `curves.png`
 (held-out success against rollouts, mean and min-max band over seeds per arm). The last line
 printed is `rollouts-to-target ratio: uniform/failure N.NN, filter/failure N.NN`; a run that
-never reaches the target counts with its whole budget there (a lower bound, marked `>`).
+never reaches the target counts with its whole budget there (a lower bound, marked `>`; `<` when
+only the failure arm fell short, `~` when both partly did, `n/a` when neither arm ever reached
+it).
 
 Runs already complete in OUT are reused and a run that died is resumed, so an interrupted bench
 continues where it stopped.
@@ -251,6 +253,9 @@ def ratio_line(summary: dict[str, Any]) -> str:
         if other not in arms:
             continue
         a = arms[other]
+        if a["reached"] == 0 and base["reached"] == 0:
+            parts.append(f"{other}/failure n/a")  # neither reached the target: no ratio
+            continue
         ratio = a["rollouts_to_target_mean"] / max(base["rollouts_to_target_mean"], 1e-9)
         # Unreached runs make the other arm's mean a lower bound (ratio >), the failure arm's an
         # upper bound... both at once leave it undetermined.
@@ -361,7 +366,8 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
     line = ratio_line(summary)
     (out / "results.md").write_text(
         f"# Curriculum bench\n\n`{command}`\n\nTarget held-out success {b.target:.2f}; "
-        f"{seeds} seed(s); {summary['seconds'] / 60:.1f} min.\n\n{table}\n\n"
+        f"{seeds} seed(s); this invocation {summary['seconds'] / 60:.1f} min (runs found "
+        f"finished in {out} were reused, not rerun).\n\n{table}\n\n"
         f"![held-out success against rollouts](curves.png)\n\n{line}\n")
     console.print(table)
     console.print(line)

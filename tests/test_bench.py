@@ -86,6 +86,9 @@ def test_figures():
     # ratio is a lower bound.
     assert ratio_line(s) == "rollouts-to-target ratio: uniform/failure >1.69"
     assert "(1/2)" in markdown_table(s)
+    # Neither arm reaching the target gives no ratio, not a ratio of budgets.
+    none = summarize(runs, 0.9, ["a"])
+    assert ratio_line(none) == "rollouts-to-target ratio: uniform/failure n/a"
 
 
 @pytest.mark.slow
