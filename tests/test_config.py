@@ -29,10 +29,14 @@ def test_quickstart_loads() -> None:
 
     assert load_family("arith", cfg.families[0].config).config.max_operands >= 2
     assert cfg.rollout.temperature == cfg.grpo.temperature
-    # Every generator named in it loads.
+    # Every generator named in it loads; the embedded teacher's config is checked here, its
+    # training (a minute) in tests/test_teacher.py.
     from generators import load_generator
+    from generators.teacher import TeacherConfig
 
-    assert [load_generator(spec).name for spec in cfg.generators]
+    names = [TeacherConfig.model_validate(spec).type if spec.get("model") == "tiny"
+             else load_generator(spec).name for spec in cfg.generators]
+    assert names == ["mutate", "decompose", "escalate", "teacher"]
 
 
 def test_defaults_without_a_file() -> None:
