@@ -424,6 +424,16 @@ def test_lr_schedule_warms_up_and_persists_across_steps(model: LlamaForCausalLM)
     assert [lr_multiplier(s, "linear", 2, 6) for s in range(7)] == pytest.approx(
         [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]
     )
+    assert [lr_multiplier(s, "linear", 0, 4, min_lr_ratio=0.2) for s in range(6)] == pytest.approx(
+        [1.0, 0.8, 0.6, 0.4, 0.2, 0.2]
+    )
+    with pytest.raises(ValueError, match="min_lr_ratio"):
+        lr_multiplier(0, "cosine", 0, 4, min_lr_ratio=1.5)
+    floored = GRPOTrainer(model, GRPOConfig(lr=1e-3, lr_scheduler="linear", min_lr_ratio=0.5),
+                          PAD, total_steps=2)
+    for _ in range(3):
+        floored.scheduler.step()
+    assert floored.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)
     with pytest.raises(ValueError, match="total_steps"):
         GRPOTrainer(model, GRPOConfig(lr_scheduler="cosine"), PAD)
     cfg = GRPOConfig(lr=1e-3, lr_scheduler="linear", warmup_steps=2, num_iterations=2)
@@ -536,6 +546,18 @@ def test_configs_reject_bad_values_with_reasons() -> None:
 
 
 # --- behaviour --------------------------------------------------------------------------------
+
+
+def test_sft_cosine_decays_to_its_floor(model: LlamaForCausalLM) -> None:
+    examples = [([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 1])] * 2
+    seen: list[float] = []
+    cfg = SFTConfig(steps=5, batch_size=2, lr=1e-3, warmup_steps=0, min_lr_ratio=0.25)
+    SFTTrainer(model, cfg, PAD).train(examples, on_step=lambda s, m: seen.append(m["lr"]))
+    expected = [1e-3 * (0.25 + 0.75 * 0.5 * (1 + math.cos(math.pi * s / 5))) for s in range(5)]
+    assert seen == pytest.approx(expected)
+    assert min(seen) > 0.25e-3 - 1e-12
+    with pytest.raises(pydantic.ValidationError, match="min_lr_ratio"):
+        SFTConfig(min_lr_ratio=-0.1)
 
 
 def test_sft_memorises_and_trains_only_masked_tokens(model: LlamaForCausalLM) -> None:

@@ -291,12 +291,21 @@ def autocast(
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int | None) -> float:
+def lr_multiplier(
+    step: int,
+    schedule: str,
+    warmup_steps: int,
+    total_steps: int | None,
+    min_lr_ratio: float = 0.0,
+) -> float:
     """LR multiplier for optimizer step `step` (0-based): linear warm-up, then the schedule.
 
     Warm-up: `(step + 1) / warmup_steps` for the first `warmup_steps` steps. Then "constant"
-    stays at 1; "linear" and "cosine" decay from 1 at step `warmup_steps` to 0 at `total_steps`
-    and stay at 0 after it (they need `total_steps`).
+    stays at 1; "linear" and "cosine" decay from 1 at step `warmup_steps` to `min_lr_ratio` at
+    `total_steps` and stay there after it (they need `total_steps`). A floor above 0 (veRL's
+    `min_lr_ratio`, transformers' `cosine_with_min_lr`) leaves a model that later training (the
+    RL rounds after an SFT cold start) can move at a similar learning rate without first being
+    knocked out of an annealed minimum.
 
     >>> [round(lr_multiplier(s, "cosine", 2, 6), 3) for s in range(7)]
     [0.5, 1.0, 1.0, 0.854, 0.5, 0.146, 0.0]
@@ -304,7 +313,11 @@ def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int 
     [1.0, 0.75, 0.5, 0.25, 0.0]
     >>> [lr_multiplier(s, "constant", 2, None) for s in range(3)]
     [0.5, 1.0, 1.0]
+    >>> [round(lr_multiplier(s, "cosine", 0, 2, min_lr_ratio=0.1), 3) for s in range(4)]
+    [1.0, 0.55, 0.1, 0.1]
     """
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if schedule == "constant":
@@ -313,9 +326,9 @@ def lr_multiplier(step: int, schedule: str, warmup_steps: int, total_steps: int 
         raise ValueError(f"the {schedule!r} schedule decays to 0 at total_steps, which is unset")
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     if schedule == "linear":
-        return 1.0 - progress
+        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
     if schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown lr schedule {schedule!r}; use constant, linear or cosine")
 
 

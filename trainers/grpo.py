@@ -93,6 +93,7 @@ class GRPOConfig(pydantic.BaseModel, extra="forbid"):
     max_completion_tokens: int = 256
     lr_scheduler: Schedule = "constant"
     warmup_steps: int = 0
+    min_lr_ratio: float = pydantic.Field(0.0, ge=0.0, le=1.0)
     total_steps: int | None = None
     bf16: bool | Literal["auto"] = "auto"
     share_prefix: bool = True
@@ -298,7 +299,9 @@ class GRPOTrainer:
         self.total_steps = span
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            lambda s: lr_multiplier(s, config.lr_scheduler, config.warmup_steps, span),
+            lambda s: lr_multiplier(
+                s, config.lr_scheduler, config.warmup_steps, span, config.min_lr_ratio
+            ),
         )
 
     @property

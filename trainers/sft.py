@@ -4,7 +4,7 @@ Design: each example is `(token_ids, loss_mask)` in the same token-in/token-out 
 `Trajectory`; the loss is next-token cross-entropy on the positions whose mask is 1, averaged over
 all such tokens in the batch (a token mean, so long answers weigh more than short ones, as in
 nanochat/trl). Batches are drawn by shuffling the dataset once per epoch with a seeded
-`torch.Generator`, so a run is reproducible. AdamW with linear warm-up then cosine decay to 0, and
+`torch.Generator`, so a run is reproducible. AdamW with linear warm-up then cosine decay to `min_lr_ratio * lr` (0 by default), and
 gradient-norm clipping.
 
 Packing (`pack`, on by default): a step's examples are packed into rows of up to `max_seq_len`
@@ -36,6 +36,7 @@ class SFTConfig(pydantic.BaseModel, extra="forbid"):
     lr: float = 1e-3
     weight_decay: float = 0.0
     warmup_steps: int = 20
+    min_lr_ratio: float = pydantic.Field(0.0, ge=0.0, le=1.0)
     max_grad_norm: float = 1.0
     seed: int = 0
     pack: bool = True
@@ -187,7 +188,7 @@ class SFTTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_multiplier(s, "cosine", cfg.warmup_steps, cfg.steps)
+            optimizer, lambda s: lr_multiplier(s, "cosine", cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         )
         was_training = self.model.training
         self.model.train()
