@@ -324,6 +324,35 @@ def test_reference_model_exists_only_with_kl(model: LlamaForCausalLM) -> None:
     )
 
 
+def test_reference_logprobs_are_computed_once_per_batch(model: LlamaForCausalLM) -> None:
+    """`num_iterations` passes over one batch run the frozen reference once per micro-batch (as
+    trl, once per generation batch), and the update equals recomputing it on every pass."""
+    cfg = GRPOConfig(beta=0.2, lr=1e-2, num_iterations=3, micro_batch_size=3)
+    twin = copy.deepcopy(model)
+    trajs = varied_batch(model, cfg.temperature, n=8)
+    adv = [1.0, -1.0, 0.5, -0.5, 0.2, -0.2, 0.0, 0.3]
+    cached = GRPOTrainer(model, cfg, PAD)
+    calls: list[int] = []
+    cached.ref_model.register_forward_hook(lambda *_: calls.append(1))
+    metrics = cached.step(trajs, adv)
+    assert len(cached.micro_batches(len(trajs))) == 3
+
+    plain = GRPOTrainer(twin, cfg, PAD)
+    plain_calls: list[int] = []
+    plain.ref_model.register_forward_hook(lambda *_: plain_calls.append(1))
+    twin.train()
+    kls = []
+    for _ in range(cfg.num_iterations):  # the uncached path: the reference runs on every pass
+        kls.append(plain.accumulate_gradients(trajs, adv)["kl"])
+        torch.nn.utils.clip_grad_norm_(plain.params, cfg.max_grad_norm)
+        plain.optimizer.step()
+        plain.scheduler.step()
+    assert len(calls) > 0 and len(plain_calls) == cfg.num_iterations * len(calls)
+    assert metrics["kl"] == pytest.approx(sum(kls) / len(kls), rel=1e-5)
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
 def test_kl_ratio_correction_scales_k3_by_the_ratio() -> None:
     new = torch.log(torch.tensor([[1.0, 0.5, 0.25]]))
     old = torch.log(torch.tensor([[1.0, 0.25, 0.25]]))  # ratios 1, 2, 1 (unclipped 2 here)

@@ -390,13 +390,20 @@ class GRPOTrainer:
                               with_entropy=entropy, autocast_dtype=amp)
 
     def accumulate_gradients(
-        self, trajectories: list[Trajectory], advantages: Sequence[float]
+        self,
+        trajectories: list[Trajectory],
+        advantages: Sequence[float],
+        ref_cache: dict[int, torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """One pass: zero the grads, then backprop the full-batch loss micro-batch by micro-batch.
 
         Leaves the summed gradients in `param.grad` (no clipping, no optimizer step) and returns
         this pass's `loss`, `clip_ratio`, `entropy`, `kl` and `n_tokens` (trained tokens).
-        Does not change the model's train/eval mode.
+        Does not change the model's train/eval mode. `ref_cache` (with `beta > 0`): the frozen
+        reference model's log-probs per micro-batch, filled on the first pass over a batch and
+        read on the later ones (`step` passes one dict to its `num_iterations` passes, as trl
+        computes them once per generation batch); the reference never changes, so reusing them
+        is exact.
         """
         cfg = self.config
         self._check(trajectories, advantages)
@@ -436,9 +443,15 @@ class GRPOTrainer:
                                       entropy=True)
             ref = None
             if self.ref_model is not None:
-                with torch.no_grad():
-                    ref = self._logprobs(self.ref_model, seqs, lead, input_ids, attention_mask,
-                                         entropy=False)
+                key = part[0]
+                if ref_cache is not None and key in ref_cache:
+                    ref = ref_cache[key]
+                else:
+                    with torch.no_grad():
+                        ref = self._logprobs(self.ref_model, seqs, lead, input_ids,
+                                             attention_mask, entropy=False)
+                    if ref_cache is not None:
+                        ref_cache[key] = ref
             per_token = grpo_token_loss(new, old, adv, mask, cfg, ref)
             loss = aggregate_loss(
                 per_token, mask, cfg.loss_agg, n_tokens, n_seqs, cfg.max_completion_tokens
@@ -498,9 +511,10 @@ class GRPOTrainer:
             return {**out, **info, "seconds": time.perf_counter() - t0}
         was_training = self.model.training
         self.model.train()
+        ref_cache: dict[int, torch.Tensor] = {}
         try:
             for _ in range(cfg.num_iterations):
-                stats = self.accumulate_gradients(trajectories, advantages)
+                stats = self.accumulate_gradients(trajectories, advantages, ref_cache)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
