@@ -302,10 +302,8 @@ def lr_multiplier(
 
     Warm-up: `(step + 1) / warmup_steps` for the first `warmup_steps` steps. Then "constant"
     stays at 1; "linear" and "cosine" decay from 1 at step `warmup_steps` to `min_lr_ratio` at
-    `total_steps` and stay there after it (they need `total_steps`). A floor above 0 (veRL's
-    `min_lr_ratio`, transformers' `cosine_with_min_lr`) leaves a model that later training (the
-    RL rounds after an SFT cold start) can move at a similar learning rate without first being
-    knocked out of an annealed minimum.
+    `total_steps` and stay there after it (they need `total_steps`); the floor is veRL's
+    `min_lr_ratio` (transformers' `cosine_with_min_lr`).
 
     >>> [round(lr_multiplier(s, "cosine", 2, 6), 3) for s in range(7)]
     [0.5, 1.0, 1.0, 0.854, 0.5, 0.146, 0.0]
@@ -323,7 +321,7 @@ def lr_multiplier(
     if schedule == "constant":
         return 1.0
     if total_steps is None:
-        raise ValueError(f"the {schedule!r} schedule decays to 0 at total_steps, which is unset")
+        raise ValueError(f"the {schedule!r} schedule decays until total_steps, which is unset")
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     if schedule == "linear":
         return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)

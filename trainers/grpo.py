@@ -293,7 +293,7 @@ class GRPOTrainer:
         span = config.total_steps if config.total_steps is not None else total_steps
         if config.lr_scheduler != "constant" and span is None:
             raise ValueError(
-                f"lr_scheduler={config.lr_scheduler!r} decays to 0 over a known number of "
+                f"lr_scheduler={config.lr_scheduler!r} decays over a known number of "
                 "optimizer steps: set grpo.total_steps or pass total_steps to GRPOTrainer"
             )
         self.total_steps = span

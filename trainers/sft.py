@@ -4,8 +4,8 @@ Design: each example is `(token_ids, loss_mask)` in the same token-in/token-out 
 `Trajectory`; the loss is next-token cross-entropy on the positions whose mask is 1, averaged over
 all such tokens in the batch (a token mean, so long answers weigh more than short ones, as in
 nanochat/trl). Batches are drawn by shuffling the dataset once per epoch with a seeded
-`torch.Generator`, so a run is reproducible. AdamW with linear warm-up then cosine decay to `min_lr_ratio * lr` (0 by default), and
-gradient-norm clipping.
+`torch.Generator`, so a run is reproducible. AdamW with linear warm-up then cosine decay to
+`min_lr_ratio * lr` (0 by default), and gradient-norm clipping.
 
 Packing (`pack`, on by default): a step's examples are packed into rows of up to `max_seq_len`
 tokens (`trainers.common.pack_batch`) with position ids restarting per example and no attention
@@ -188,7 +188,8 @@ class SFTTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_multiplier(s, "cosine", cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+            optimizer,
+            lambda s: lr_multiplier(s, "cosine", cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio),
         )
         was_training = self.model.training
         self.model.train()
