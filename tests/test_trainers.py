@@ -803,3 +803,31 @@ def test_logprobs_blocks_do_not_change_the_result(monkeypatch: pytest.MonkeyPatc
         assert torch.allclose(lp, results[0][0], atol=1e-6)
         assert torch.allclose(ent, results[0][1], atol=1e-6)
         assert torch.allclose(grad, results[0][2], atol=1e-6)
+
+
+def test_adam_hyperparameters_reach_the_optimizer_and_epsilon_damps_the_first_step(
+    model: LlamaForCausalLM,
+) -> None:
+    """`adam_beta1/adam_beta2/adam_epsilon` (trl's names) configure AdamW. Adam's first step is
+    lr * g / (|g| + eps): with the default eps every coordinate with a gradient moves by ~lr
+    (a sign step), with an eps far above the gradients it moves by ~lr * g / eps, much less."""
+    cfg = GRPOConfig(lr=1e-3, adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-4)
+    group = GRPOTrainer(model, cfg, PAD).optimizer.param_groups[0]
+    assert (group["betas"], group["eps"]) == ((0.8, 0.99), 1e-4)
+    with pytest.raises(pydantic.ValidationError, match="adam_beta2"):
+        GRPOConfig(adam_beta2=1.0)
+    with pytest.raises(pydantic.ValidationError, match="adam_epsilon"):
+        GRPOConfig(adam_epsilon=0.0)
+    trajs = varied_batch(model, 1.0, n=4)
+    moved = {}
+    for eps in (1e-8, 1.0):
+        m = copy.deepcopy(model)
+        before = [p.detach().clone() for p in m.parameters()]
+        trainer = GRPOTrainer(m, GRPOConfig(lr=1e-3, temperature=1.0, adam_epsilon=eps), PAD)
+        trainer.step(trajs, [1.0, -1.0, 0.5, -0.5])
+        deltas = torch.cat([(p.detach() - b).abs().flatten()
+                            for p, b in zip(m.parameters(), before, strict=True)])
+        moved[eps] = deltas[deltas > 0]
+    # default eps: a sign step, every moved coordinate by lr (to float rounding)
+    torch.testing.assert_close(moved[1e-8].median(), torch.tensor(1e-3), atol=1e-5, rtol=0)
+    assert moved[1.0].max() < 1e-4  # gradients are far below 1, so the step is damped

@@ -97,6 +97,9 @@ class GRPOConfig(pydantic.BaseModel, extra="forbid"):
     total_steps: int | None = None
     bf16: bool | Literal["auto"] = "auto"
     share_prefix: bool = True
+    adam_beta1: float = pydantic.Field(0.9, ge=0.0, lt=1.0)
+    adam_beta2: float = pydantic.Field(0.999, ge=0.0, lt=1.0)
+    adam_epsilon: float = pydantic.Field(1e-8, gt=0.0)
 
     @pydantic.field_validator("lr", "max_grad_norm", "temperature")
     @classmethod
@@ -288,7 +291,8 @@ class GRPOTrainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         # Created once so the Adam moments and the schedule carry over from round to round.
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=config.lr, weight_decay=config.weight_decay
+            self.params, lr=config.lr, weight_decay=config.weight_decay,
+            betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
         )
         span = config.total_steps if config.total_steps is not None else total_steps
         if config.lr_scheduler != "constant" and span is None:
