@@ -12,8 +12,9 @@ Protocol (docs/results.md has the figures):
    - `uniform`: base-distribution draws only: no generators, no mined or replayed tasks, no
      mastery skipping, no zero-variance filter;
    - `filter`: base-distribution draws with online difficulty filtering: groups whose pass rate is
-     0 or 1 are dropped before the update (DAPO dynamic sampling) and tasks already solved every
-     time are not drawn again.
+     0 or 1 are dropped before the update (DAPO dynamic sampling, judged on verified success,
+     `curriculum.zero_variance_on: success`) and tasks already solved every time are not drawn
+     again.
    Every arm runs the same rounds, steps, tasks per step and group size, so the same number of
    training rollouts; the `failure` arm's difficulty-probe rollouts are added to its count (they
    are rollouts it spent), so its curve is charged for them.
@@ -114,7 +115,8 @@ def arm_config(config: BenchConfig, arm: str, seed: int, policy: Path) -> dict[s
     elif arm == "filter":
         data["generators"] = []
         cur.update(mined_fraction=0.0, replay_fraction=0.0, drop_zero_variance=True,
-                   mastery_threshold=1.0, mastery_min_samples=data["batch"]["group_size"])
+                   zero_variance_on="success", mastery_threshold=1.0,
+                   mastery_min_samples=data["batch"]["group_size"])
     elif arm != "failure":
         raise BenchError(f"unknown arm {arm!r}; expected one of {ARMS}")
     return data

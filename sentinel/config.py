@@ -135,6 +135,9 @@ class CurriculumConfig(Section):
     drop_zero_variance: bool = Field(
         False, description="drop groups whose rewards are all equal (DAPO dynamic sampling)"
     )
+    zero_variance_on: Literal["reward", "success"] = Field(
+        "reward", description="what must be all equal for a group to count as zero-variance: "
+        "the total reward (zero advantage) or the verifier's success (DAPO's accuracy 0 or 1)")
 
     @model_validator(mode="after")
     def _fractions(self) -> CurriculumConfig:

@@ -17,6 +17,9 @@ rewards are all equal has zero advantage everywhere: with `drop_zero_variance` i
 it does not dilute a token-mean loss. Unlike DAPO, no extra groups are sampled to refill the batch
 (a step may train on fewer groups, or on none). Dropped groups are counted in `metrics` either
 way (`zero_variance_groups`: this step; `zero_variance_dropped`: the run so far).
+What "all equal" is judged on is `curriculum.zero_variance_on` (`group_signal`): the total reward
+(the group adds nothing to the loss) or the verifier's success (DAPO's rule, accuracy 0 or 1: with
+format/process reward terms such a group still has small non-zero advantages).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sentinel.types import Task
+from sentinel.types import Task, Trajectory
 
 
 @dataclass
@@ -151,3 +154,13 @@ class Curriculum:
         self.tasks.update({t: Task.from_row(row) for t, row in state["tasks"].items()})
         self.stats = {t: TaskStats(a, s) for t, (a, s) in state["stats"].items()}
         self.zero_variance_dropped = int(state.get("zero_variance_dropped", 0))
+
+
+def group_signal(trajectory: Trajectory, on: str) -> float:
+    """The value `filter_zero_variance` compares within a group: the trajectory's total reward
+    (`on="reward"`) or its verified success as 0.0/1.0 (`on="success"`, DAPO's accuracy)."""
+    if on == "reward":
+        return float(trajectory.reward)
+    if on == "success":
+        return float(trajectory.success)
+    raise ValueError(f"zero_variance_on must be 'reward' or 'success', got {on!r}")

@@ -35,7 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sentinel.analyzer import FailureAnalyzer, cluster_failures
 from sentinel.config import SentinelConfig
-from sentinel.curriculum import Curriculum
+from sentinel.curriculum import Curriculum, group_signal
 from sentinel.env.chat import ChatFormat
 from sentinel.env.environment import Episode, replay
 from sentinel.env.parser import PARSERS
@@ -242,7 +242,8 @@ class Loop:
             by_group: dict[str, list[float]] = defaultdict(list)
             for t in trajs:
                 by_task[t.task_id].append(t.success)
-                by_group[t.group_id].append(t.reward)
+                by_group[t.group_id].append(
+                    group_signal(t, self.config.curriculum.zero_variance_on))
             for task_id, outcomes in by_task.items():
                 self.curriculum.observe(task_id, sum(outcomes), len(outcomes))
             keep = self.curriculum.filter_zero_variance(by_group)

@@ -57,6 +57,8 @@ def test_arms_differ_only_in_what_they_train_on(tmp_path):
     assert runs["uniform"]["generators"] == runs["filter"]["generators"] == []
     assert runs["uniform"]["curriculum"]["drop_zero_variance"] is False
     assert runs["filter"]["curriculum"]["drop_zero_variance"] is True
+    assert runs["filter"]["curriculum"]["zero_variance_on"] == "success"  # DAPO: accuracy 0 or 1
+    assert runs["failure"]["curriculum"]["zero_variance_on"] == "reward"
     for arm in ("uniform", "filter"):
         assert runs[arm]["curriculum"]["mined_fraction"] == 0.0
     strip = ("generators", "curriculum", "seed")

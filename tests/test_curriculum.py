@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from sentinel.curriculum import Curriculum
+from sentinel.curriculum import Curriculum, group_signal
 from sentinel.tasks import load_family
-from sentinel.types import Task
+from sentinel.types import Task, Trajectory
 
 ARITH = load_family("arith")
 # a base distribution of exactly nine tasks (a+b, a and b in 1..3), so coverage is checkable
@@ -218,3 +218,27 @@ def test_mastered_tasks_lists_the_tasks_to_escalate() -> None:
     restored = _curriculum(SMALL, mined=0.0, min_samples=4)
     restored.load_state_dict(json.loads(json.dumps(cur.state_dict())))
     assert [t.spec for t in restored.mastered_tasks()] == [t.spec for t in cur.mastered_tasks()]
+
+
+def test_zero_variance_on_success_drops_groups_whose_rewards_differ_only_in_format_terms() -> None:
+    """DAPO's filter judges accuracy: a group that always fails is dropped on `success` even when
+    format/process terms make its rewards differ; on `reward` it is kept (non-zero advantages)."""
+    def traj(group: str, reward: float, success: bool) -> Trajectory:
+        return Trajectory(task_id=group, messages=[], token_ids=[1], loss_mask=[1],
+                          logprobs=[0.0], steps=[], finish_reason="answer", reward=reward,
+                          success=success, group_id=group)
+
+    batch = [traj("g-fail", 0.1, False), traj("g-fail", 0.3, False),
+             traj("g-mixed", 1.3, True), traj("g-mixed", 0.2, False)]
+    kept = {}
+    for on in ("reward", "success"):
+        groups: dict[str, list[float]] = {}
+        for t in batch:
+            groups.setdefault(t.group_id, []).append(group_signal(t, on))
+        cur = Curriculum(ARITH.sample_task, mined_fraction=0.0, replay_fraction=0.0,
+                         mastery_threshold=0.9, mastery_min_samples=8, seed=0,
+                         drop_zero_variance=True)
+        kept[on] = cur.filter_zero_variance(groups)
+    assert kept == {"reward": {"g-fail", "g-mixed"}, "success": {"g-mixed"}}
+    with pytest.raises(ValueError, match="zero_variance_on"):
+        group_signal(batch[0], "advantage")
