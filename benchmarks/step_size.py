@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import tempfile
 
 import torch
 
@@ -38,7 +39,8 @@ def main() -> None:
                         help="Adam first-step sizes (per coordinate) to try")
     parser.add_argument("--group-lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--run-dir", default="/tmp/sentinel-step-size")
+    parser.add_argument("--run-dir", default=None,
+                        help="where the throw-away store goes (default: a temporary directory)")
     args = parser.parse_args()
 
     from sentinel.config import load_config
@@ -48,7 +50,7 @@ def main() -> None:
     cfg = load_config(args.config, [f"policy.model={args.policy}", "sft.enabled=false",
                                     "generators=[]", "grpo.beta=0.04", "rollout.temperature=1.0",
                                     "grpo.temperature=1.0"])
-    loop = Loop(cfg, args.run_dir)
+    loop = Loop(cfg, args.run_dir or tempfile.mkdtemp(prefix="sentinel-step-size-"))
     loop._load_policy()
     loop._new_trainer()
     trainer = loop.trainer

@@ -19,10 +19,11 @@ SMALL_IDS = {SMALL.make_task({"expr": f"{a}+{b}"}).task_id for a in (1, 2, 3) fo
 
 
 def _curriculum(family=ARITH, *, seed: int = 0, mined: float = 0.5, replay: float = 0.0,
-                excluded: set[str] | None = None, min_samples: int = 4) -> Curriculum:
+                excluded: set[str] | None = None, min_samples: int = 4,
+                drop_zero_variance: bool = False) -> Curriculum:
     return Curriculum(family.sample_task, mined_fraction=mined, replay_fraction=replay,
                       mastery_threshold=0.75, mastery_min_samples=min_samples, seed=seed,
-                      excluded_ids=excluded)
+                      excluded_ids=excluded, drop_zero_variance=drop_zero_variance)
 
 
 def _generated(n: int) -> list[Task]:
@@ -235,10 +236,7 @@ def test_zero_variance_on_success_drops_groups_whose_rewards_differ_only_in_form
         groups: dict[str, list[float]] = {}
         for t in batch:
             groups.setdefault(t.group_id, []).append(group_signal(t, on))
-        cur = Curriculum(ARITH.sample_task, mined_fraction=0.0, replay_fraction=0.0,
-                         mastery_threshold=0.9, mastery_min_samples=8, seed=0,
-                         drop_zero_variance=True)
-        kept[on] = cur.filter_zero_variance(groups)
+        kept[on] = _curriculum(mined=0.0, drop_zero_variance=True).filter_zero_variance(groups)
     assert kept == {"reward": {"g-fail", "g-mixed"}, "success": {"g-mixed"}}
     with pytest.raises(ValueError, match="zero_variance_on"):
         group_signal(batch[0], "advantage")
