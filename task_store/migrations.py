@@ -9,13 +9,14 @@ the steps in order inside the caller's transaction, then re-creates every view f
 
 Who upgrades: `Store` upgrades an older file the first time it opens it for writing (`Store.create`,
 `record_round`, `Store.upgrade`). A read-only open refuses an older file with a
-`SchemaVersionError` that says how to upgrade (`python -m task_store.migrations RUN_DIR`), so
-read-only tools such as `sentinel sql` never write, not even a schema change.
+`SchemaVersionError` that says how to upgrade (`python -m task_store.upgrade RUN_DIR`), so
+read-only tools such as `sentinel sql` never write, not even a schema change. This module imports
+only `schema`: `store` imports it, never the other way round (the command that opens a `Store` to
+upgrade it is `task_store.upgrade`).
 """
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 
 import duckdb
@@ -90,23 +91,3 @@ def upgrade(con: duckdb.DuckDBPyConnection, from_version: int) -> None:
         "INSERT OR REPLACE INTO meta VALUES (?, ?)",
         [f"upgraded_from_{from_version}_at", now],
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m task_store.migrations PATH...`: upgrade each store (file or run directory)."""
-    from task_store.store import Store
-
-    paths = sys.argv[1:] if argv is None else argv
-    if not paths:
-        print("usage: python -m task_store.migrations RUN_DIR_OR_FILE...", file=sys.stderr)
-        return 2
-    for path in paths:
-        store = Store(path)
-        before = store.upgrade()
-        verb = "upgraded" if before < SCHEMA_VERSION else "already at"
-        print(f"{store.path}: {verb} schema version {SCHEMA_VERSION} (was {before})")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

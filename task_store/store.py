@@ -34,6 +34,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from task_store import migrations
 from task_store.schema import COLUMNS, DDL, SCHEMA_VERSION
 
 DB_FILENAME = "sentinel.duckdb"
@@ -393,13 +394,10 @@ class Store:
                 raise SchemaVersionError(
                     f"{self.path} has schema version {version}, older than this code's "
                     f"{SCHEMA_VERSION}; upgrade it in place once with "
-                    f"`python -m task_store.migrations {self.path}` (resuming the run with "
+                    f"`python -m task_store.upgrade {self.path}` (resuming the run with "
                     f"`sentinel loop` does it too)"
                 )
-            # Imported here: `python -m task_store.migrations` must not find it already imported.
-            from task_store.migrations import upgrade
-
-            upgrade(con, version)
+            migrations.upgrade(con, version)
         return version
 
     def _schema_version(self, con: duckdb.DuckDBPyConnection) -> int | None:

@@ -182,7 +182,7 @@ def test_old_store_is_refused_read_only_with_the_upgrade_command(tmp_path: Path)
             con.execute(statement)
     result = sql(run, "SELECT 1")
     assert result.exit_code == 2
-    assert "python -m task_store.migrations" in result.stderr
+    assert "python -m task_store.upgrade" in result.stderr
     with duckdb.connect(str(run / "sentinel.duckdb"), read_only=True) as con:
         assert con.execute("SELECT value FROM meta").fetchall() == [("1",)]  # untouched
 

@@ -407,7 +407,7 @@ def test_v1_file_is_upgraded_in_place_keeping_every_row(tmp_path: Path) -> None:
     before = {t: dump(path, t) for t in (*TABLES[:-1], "runs")}
 
     # Read-only opens refuse to touch an old file and say how to upgrade it.
-    with pytest.raises(SchemaVersionError, match=r"older .*python -m task_store\.migrations"):
+    with pytest.raises(SchemaVersionError, match=r"older .*python -m task_store\.upgrade"):
         Store(path).query("SELECT 1")
     assert dump(path, "meta") == [("schema_version", "1")]
 
@@ -449,7 +449,7 @@ def test_writing_store_upgrades_and_migrations_cli(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     v1_store(run_dir / "sentinel.duckdb")
-    proc = subprocess.run([sys.executable, "-m", "task_store.migrations", str(run_dir)],
+    proc = subprocess.run([sys.executable, "-m", "task_store.upgrade", str(run_dir)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert f"upgraded schema version {SCHEMA_VERSION} (was 1)" in proc.stdout
