@@ -44,19 +44,24 @@ def main() -> None:
     args = parser.parse_args()
 
     from sentinel.config import load_config
+    from sentinel.env.chat import ChatFormat
+    from sentinel.env.parser import PARSERS
     from sentinel.loop import Loop
+    from sentinel.rollout import Rollouts, build_backend
     from trainers.grpo import group_advantages
 
     cfg = load_config(args.config, [f"policy.model={args.policy}", "sft.enabled=false",
-                                    "generators=[]", "grpo.beta=0.04", "rollout.temperature=1.0",
-                                    "grpo.temperature=1.0"])
+                                    "generators=[]", "grpo.beta=0.04", "rollout.temperature=1.0"])
     loop = Loop(cfg, args.run_dir or tempfile.mkdtemp(prefix="sentinel-step-size-"))
-    loop._load_policy()
-    loop._new_trainer()
-    trainer = loop.trainer
+    model, tokenizer = loop._load_policy()
+    trainer = loop._new_trainer(model, tokenizer)
+    rollouts = Rollouts(
+        build_backend(cfg.rollout.backend, model, tokenizer, batch_size=cfg.rollout.batch_size),
+        ChatFormat(tokenizer), PARSERS[cfg.env.parser](), loop.families, cfg.env, cfg.reward,
+        temperature=cfg.rollout.temperature, rng=loop.rng)
     rng = random.Random(args.seed)
-    tasks = [loop._sample_base(rng) for _ in range(args.tasks)]
-    trajs = loop._rollout(tasks, args.group_size, split="train", round=1, group_prefix="s")
+    tasks = [loop.mixture.sample(rng) for _ in range(args.tasks)]
+    trajs = rollouts.run(tasks, args.group_size, split="train", round=1, group_prefix="s")
     adv = group_advantages([t.reward for t in trajs], [t.group_id for t in trajs])
     base = trainer.accumulate_gradients(trajs, adv, {})
     named = list(trainer.model.named_parameters())

@@ -11,21 +11,23 @@ Tasks the policy has mastered (pass rate at least `mastery_threshold` over at le
 generator. Interface (as prime-rl's samplers): `sample`, `observe`, `state_dict` /
 `load_state_dict`, `metrics`.
 
-Zero-variance groups (DAPO dynamic sampling): after a step's rollouts the loop hands the group
-rewards to `filter_zero_variance`, which returns the groups worth training on. A group whose
-rewards are all equal has zero advantage everywhere: with `drop_zero_variance` it is dropped, so
-it does not dilute a token-mean loss. Unlike DAPO, no extra groups are sampled to refill the batch
-(a step may train on fewer groups, or on none). Dropped groups are counted in `metrics` either
-way (`zero_variance_groups`: this step; `zero_variance_dropped`: the run so far).
-What "all equal" is judged on is `curriculum.zero_variance_on` (`group_signal`): the total reward
-(the group adds nothing to the loss) or the verifier's success (DAPO's rule, accuracy 0 or 1: with
-format/process reward terms such a group still has small non-zero advantages).
+`observe(trajectories) -> kept` takes a step's scored rollouts whole: it updates each task's pass
+rate (mastery, replay) and passes the groups through the admission gate, returning the
+trajectories worth training on. The gate is `ZeroVarianceGate` (DAPO dynamic sampling): a group
+whose signal is all equal has zero advantage everywhere; with `drop` it is dropped, so it does not
+dilute a token-mean loss. Unlike DAPO, no extra groups are sampled to refill the batch (a step may
+train on fewer groups, or on none). Dropped groups are counted in `metrics` either way
+(`zero_variance_groups`: this step; `zero_variance_dropped`: the run so far). What "all equal" is
+judged on is `on` (`group_signal`): the total reward (the group adds nothing to the loss) or the
+verifier's success (DAPO's rule, accuracy 0 or 1: with format/process reward terms such a group
+still has small non-zero advantages).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +48,7 @@ class Curriculum:
     def __init__(self, base_sampler: Callable[[random.Random], Task], *, mined_fraction: float,
                  replay_fraction: float, mastery_threshold: float, mastery_min_samples: int,
                  seed: int, excluded_ids: set[str] | None = None,
-                 drop_zero_variance: bool = False) -> None:
+                 gate: ZeroVarianceGate | None = None) -> None:
         self.base_sampler = base_sampler
         self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
         self.mastery_threshold, self.mastery_min_samples = mastery_threshold, mastery_min_samples
@@ -56,9 +58,19 @@ class Curriculum:
         self.mined: list[str] = []  # generated task ids, oldest first
         self.stats: dict[str, TaskStats] = {}
         self._last: dict[str, int] = {"mined": 0, "replay": 0, "base": 0}
-        self.drop_zero_variance = drop_zero_variance
-        self._zero_variance_last = 0
-        self.zero_variance_dropped = 0
+        self.gate = gate or ZeroVarianceGate()
+
+    @classmethod
+    def from_config(cls, config: Any, base_sampler: Callable[[random.Random], Task], *,
+                    seed: int, excluded_ids: set[str]) -> Curriculum:
+        """From the config's `curriculum:` section (`sentinel.config.CurriculumConfig`)."""
+        return cls(base_sampler, mined_fraction=config.mined_fraction,
+                   replay_fraction=config.replay_fraction,
+                   mastery_threshold=config.mastery_threshold,
+                   mastery_min_samples=config.mastery_min_samples, seed=seed,
+                   excluded_ids=excluded_ids,
+                   gate=ZeroVarianceGate(drop=config.drop_zero_variance,
+                                         on=config.zero_variance_on))
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -74,17 +86,6 @@ class Curriculum:
     def mastered_tasks(self) -> list[Task]:
         """Tasks the policy has mastered (see `mastered`), in the order they were first seen."""
         return [self.tasks[t] for t in self.stats if t in self.tasks and self.mastered(t)]
-
-    def filter_zero_variance(self, group_rewards: Mapping[str, Sequence[float]]) -> set[str]:
-        """The group ids to train on: all of them, or, with `drop_zero_variance`, those whose
-        rewards are not all equal (within 1e-9). Counts the zero-variance groups either way."""
-        flat = {g for g, rewards in group_rewards.items()
-                if len(rewards) > 0 and max(rewards) - min(rewards) <= 1e-9}
-        self._zero_variance_last = len(flat)
-        if not self.drop_zero_variance:
-            return set(group_rewards)
-        self.zero_variance_dropped += len(flat)
-        return set(group_rewards) - flat
 
     def _fresh_mined(self) -> list[str]:
         """Unmastered generated tasks, newest first, untried before tried."""
@@ -120,7 +121,19 @@ class Curriculum:
         self._last = {"mined": n_mined, "replay": n_replay, "base": n_base}
         return [self.tasks[t] for t in chosen]
 
-    def observe(self, task_id: str, successes: int, attempts: int) -> None:
+    def observe(self, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """Take one step's scored rollouts: record each task's outcomes, then return the
+        trajectories of the groups the gate admits (in their order)."""
+        by_task: dict[str, list[bool]] = defaultdict(list)
+        for t in trajectories:
+            by_task[t.task_id].append(t.success)
+        for task_id, outcomes in by_task.items():
+            self.record(task_id, sum(outcomes), len(outcomes))
+        keep = self.gate(trajectories)
+        return [t for t in trajectories if t.group_id in keep]
+
+    def record(self, task_id: str, successes: int, attempts: int) -> None:
+        """Add `successes` out of `attempts` to a task's pass-rate statistics."""
         s = self.stats.setdefault(task_id, TaskStats())
         s.attempts += attempts
         s.successes += successes
@@ -132,8 +145,7 @@ class Curriculum:
             "curriculum/base_in_batch": float(self._last["base"]),
             "curriculum/mined_pool": float(len(self.mined)),
             "curriculum/mastered": float(sum(self.mastered(t) for t in self.stats)),
-            "curriculum/zero_variance_groups": float(self._zero_variance_last),
-            "curriculum/zero_variance_dropped": float(self.zero_variance_dropped),
+            **self.gate.metrics(),
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -144,7 +156,7 @@ class Curriculum:
             "tasks": {t: self.tasks[t].to_row() for t in {*self.mined, *self.stats}
                       if t in self.tasks},
             "stats": {t: [s.attempts, s.successes] for t, s in self.stats.items()},
-            "zero_variance_dropped": self.zero_variance_dropped,
+            "zero_variance_dropped": self.gate.dropped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -153,7 +165,36 @@ class Curriculum:
         self.mined = list(state["mined"])
         self.tasks.update({t: Task.from_row(row) for t, row in state["tasks"].items()})
         self.stats = {t: TaskStats(a, s) for t, (a, s) in state["stats"].items()}
-        self.zero_variance_dropped = int(state.get("zero_variance_dropped", 0))
+        self.gate.dropped = int(state.get("zero_variance_dropped", 0))
+
+
+class ZeroVarianceGate:
+    """Admission gate over a step's groups: with `drop`, the groups whose `group_signal` is all
+    equal (within 1e-9) are refused; without, every group is admitted. Counts the zero-variance
+    groups either way (`metrics`)."""
+
+    def __init__(self, *, drop: bool = False, on: str = "reward") -> None:
+        if on not in ("reward", "success"):
+            raise ValueError(f"zero_variance_on must be 'reward' or 'success', got {on!r}")
+        self.drop, self.on = drop, on
+        self.last = 0  # zero-variance groups in the latest step
+        self.dropped = 0  # dropped over the run
+
+    def __call__(self, trajectories: Sequence[Trajectory]) -> set[str]:
+        """The group ids admitted."""
+        signals: dict[str, list[float]] = defaultdict(list)
+        for t in trajectories:
+            signals[t.group_id].append(group_signal(t, self.on))
+        flat = {g for g, values in signals.items() if max(values) - min(values) <= 1e-9}
+        self.last = len(flat)
+        if not self.drop:
+            return set(signals)
+        self.dropped += len(flat)
+        return set(signals) - flat
+
+    def metrics(self) -> dict[str, float]:
+        return {"curriculum/zero_variance_groups": float(self.last),
+                "curriculum/zero_variance_dropped": float(self.dropped)}
 
 
 def group_signal(trajectory: Trajectory, on: str) -> float:

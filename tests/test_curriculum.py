@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from sentinel.curriculum import Curriculum, group_signal
+from sentinel.curriculum import Curriculum, ZeroVarianceGate, group_signal
 from sentinel.tasks import load_family
 from sentinel.types import Task, Trajectory
 
@@ -20,10 +20,11 @@ SMALL_IDS = {SMALL.make_task({"expr": f"{a}+{b}"}).task_id for a in (1, 2, 3) fo
 
 def _curriculum(family=ARITH, *, seed: int = 0, mined: float = 0.5, replay: float = 0.0,
                 excluded: set[str] | None = None, min_samples: int = 4,
-                drop_zero_variance: bool = False) -> Curriculum:
+                drop_zero_variance: bool = False, on: str = "reward") -> Curriculum:
     return Curriculum(family.sample_task, mined_fraction=mined, replay_fraction=replay,
                       mastery_threshold=0.75, mastery_min_samples=min_samples, seed=seed,
-                      excluded_ids=excluded, drop_zero_variance=drop_zero_variance)
+                      excluded_ids=excluded,
+                      gate=ZeroVarianceGate(drop=drop_zero_variance, on=on))
 
 
 def _generated(n: int) -> list[Task]:
@@ -65,7 +66,7 @@ def test_tried_mined_tasks_go_after_untried() -> None:
     cur = _curriculum()
     mined = _generated(4)
     cur.add_mined(mined)
-    cur.observe(mined[3].task_id, 0, 1)  # the newest was tried (and failed)
+    cur.record(mined[3].task_id, 0, 1)  # the newest was tried (and failed)
     assert _ids(cur.sample(6)[:3]) == [mined[2].task_id, mined[1].task_id, mined[0].task_id]
 
 
@@ -98,12 +99,12 @@ def test_mastered_tasks_are_skipped() -> None:
     cur = _curriculum(SMALL, mined=0.5, min_samples=4)
     tasks = _small_tasks()
     mastered, almost = tasks[0].task_id, tasks[1].task_id
-    cur.observe(mastered, 3, 4)  # 0.75 over 4 samples: mastered
-    cur.observe(almost, 3, 3)  # too few samples to count
+    cur.record(mastered, 3, 4)  # 0.75 over 4 samples: mastered
+    cur.record(almost, 3, 3)  # too few samples to count
     assert cur.mastered(mastered) and not cur.mastered(almost)
     mined = SMALL.make_task({"expr": "3+3"}, origin="generated")
     cur.add_mined([mined])
-    cur.observe(mined.task_id, 4, 4)
+    cur.record(mined.task_id, 4, 4)
     seen: set[str] = set()
     for _ in range(20):
         seen |= set(_ids(cur.sample(4)))
@@ -116,8 +117,8 @@ def test_replay_of_failed_tasks() -> None:
     cur = _curriculum(SMALL, mined=0.0, replay=0.5)
     first = cur.sample(4)
     failed, passed = first[0].task_id, first[1].task_id
-    cur.observe(failed, 1, 4)
-    cur.observe(passed, 4, 4)
+    cur.record(failed, 1, 4)
+    cur.record(passed, 4, 4)
     for _ in range(5):
         batch = _ids(cur.sample(4))
         assert batch[0] == failed  # the only replayable task leads every batch
@@ -129,7 +130,7 @@ def test_state_dict_round_trip_samples_the_same_batches() -> None:
     original.add_mined(_generated(6))
     for batch_no in range(2):
         for i, task in enumerate(original.sample(8)):
-            original.observe(task.task_id, (i + batch_no) % 2, 2)
+            original.record(task.task_id, (i + batch_no) % 2, 2)
     state = json.loads(json.dumps(original.state_dict()))  # must survive JSON
     restored = _curriculum(seed=999, mined=0.25)
     restored.load_state_dict(state)
@@ -141,8 +142,8 @@ def test_state_dict_round_trip_samples_the_same_batches() -> None:
         assert _ids(a) == _ids(b)
         assert [t.spec for t in a] == [t.spec for t in b]
         for task in a:
-            original.observe(task.task_id, 0, 1)
-            restored.observe(task.task_id, 0, 1)
+            original.record(task.task_id, 0, 1)
+            restored.record(task.task_id, 0, 1)
 
 
 def test_restore_without_state_differs() -> None:
@@ -156,7 +157,7 @@ def test_restore_without_state_differs() -> None:
 def test_state_dict_round_trip_with_replay() -> None:
     original = _curriculum(seed=1, mined=0.0, replay=0.5)
     for task in original.sample(4):
-        original.observe(task.task_id, 0, 2)
+        original.record(task.task_id, 0, 2)
     restored = _curriculum(seed=1, mined=0.0, replay=0.5)
     restored.load_state_dict(json.loads(json.dumps(original.state_dict())))
     assert _ids(restored.sample(4)) == _ids(original.sample(4))
@@ -188,33 +189,52 @@ def test_base_sampler_draws_from_the_curriculum_rng() -> None:
     assert seen and all(r is cur.rng for r in seen)
 
 
+def _traj(group: str, reward: float, success: bool, task_id: str | None = None) -> Trajectory:
+    return Trajectory(task_id=task_id or group, messages=[], token_ids=[1], loss_mask=[1],
+                      logprobs=[0.0], steps=[], finish_reason="answer", reward=reward,
+                      success=success, group_id=group)
+
+
+def _groups(spec: dict[str, list[float]]) -> list[Trajectory]:
+    return [_traj(g, r, r >= 1.0) for g, rewards in spec.items() for r in rewards]
+
+
 def test_metrics_count_zero_variance_groups() -> None:
     groups = {"g-flat": [1.0, 1.0, 1.0], "g-mixed": [0.0, 1.0, 1.0], "g-zero": [0.2, 0.2]}
+    batch = _groups(groups)
     keep_all = _curriculum()
-    assert keep_all.filter_zero_variance(groups) == set(groups)
+    assert keep_all.observe(batch) == batch
     assert keep_all.metrics()["curriculum/zero_variance_groups"] == 2.0
     assert keep_all.metrics()["curriculum/zero_variance_dropped"] == 0.0
-    dropping = Curriculum(ARITH.sample_task, mined_fraction=0.0, replay_fraction=0.0,
-                          mastery_threshold=0.9, mastery_min_samples=8, seed=0,
-                          drop_zero_variance=True)
-    assert dropping.filter_zero_variance(groups) == {"g-mixed"}
-    assert dropping.filter_zero_variance({"g-new": [0.0, 0.5]}) == {"g-new"}
+    dropping = _curriculum(mined=0.0, drop_zero_variance=True)
+    kept = dropping.observe(batch)
+    assert kept == [t for t in batch if t.group_id == "g-mixed"]
+    assert {t.group_id for t in dropping.observe(_groups({"g-new": [0.0, 0.5]}))} == {"g-new"}
     metrics = dropping.metrics()
     assert metrics["curriculum/zero_variance_groups"] == 0.0  # this step's
     assert metrics["curriculum/zero_variance_dropped"] == 2.0  # the run's
-    restored = Curriculum(ARITH.sample_task, mined_fraction=0.0, replay_fraction=0.0,
-                          mastery_threshold=0.9, mastery_min_samples=8, seed=0,
-                          drop_zero_variance=True)
+    restored = _curriculum(mined=0.0, drop_zero_variance=True)
     restored.load_state_dict(json.loads(json.dumps(dropping.state_dict())))
     assert restored.metrics()["curriculum/zero_variance_dropped"] == 2.0
+
+
+def test_observe_records_every_task_also_of_dropped_groups() -> None:
+    """Pass rates count every rollout paid for, admitted or not: mastery and replay see them."""
+    cur = _curriculum(mined=0.0, drop_zero_variance=True, min_samples=2)
+    batch = [_traj("g1", 1.0, True, "t1"), _traj("g1", 1.0, True, "t1"),
+             _traj("g2", 0.0, False, "t2"), _traj("g2", 1.0, True, "t2")]
+    assert [t.group_id for t in cur.observe(batch)] == ["g2", "g2"]
+    assert (cur.stats["t1"].attempts, cur.stats["t1"].successes) == (2, 2)
+    assert (cur.stats["t2"].attempts, cur.stats["t2"].successes) == (2, 1)
+    assert cur.mastered("t1") and not cur.mastered("t2")
 
 
 def test_mastered_tasks_lists_the_tasks_to_escalate() -> None:
     cur = _curriculum(SMALL, mined=0.0, min_samples=4)
     batch = cur.sample(4)
-    cur.observe(batch[2].task_id, 4, 4)
-    cur.observe(batch[0].task_id, 1, 4)
-    cur.observe(batch[1].task_id, 3, 4)
+    cur.record(batch[2].task_id, 4, 4)
+    cur.record(batch[0].task_id, 1, 4)
+    cur.record(batch[1].task_id, 3, 4)
     assert _ids(cur.mastered_tasks()) == [batch[2].task_id, batch[1].task_id]
     restored = _curriculum(SMALL, mined=0.0, min_samples=4)
     restored.load_state_dict(json.loads(json.dumps(cur.state_dict())))
@@ -231,12 +251,9 @@ def test_zero_variance_on_success_drops_groups_whose_rewards_differ_only_in_form
 
     batch = [traj("g-fail", 0.1, False), traj("g-fail", 0.3, False),
              traj("g-mixed", 1.3, True), traj("g-mixed", 0.2, False)]
-    kept = {}
-    for on in ("reward", "success"):
-        groups: dict[str, list[float]] = {}
-        for t in batch:
-            groups.setdefault(t.group_id, []).append(group_signal(t, on))
-        kept[on] = _curriculum(mined=0.0, drop_zero_variance=True).filter_zero_variance(groups)
+    kept = {on: {t.group_id for t in _curriculum(mined=0.0, drop_zero_variance=True,
+                                                 on=on).observe(batch)}
+            for on in ("reward", "success")}
     assert kept == {"reward": {"g-fail", "g-mixed"}, "success": {"g-mixed"}}
     with pytest.raises(ValueError, match="zero_variance_on"):
         group_signal(batch[0], "advantage")

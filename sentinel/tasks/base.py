@@ -173,6 +173,16 @@ class TaskFamily(ABC):
         return None
 
     # -- construction --------------------------------------------------------------------------
+    def reference_trajectory(self, task: Task, chat: Any, parser: Any, env: Any) -> Trajectory:
+        """The reference solution of `task` replayed through the real environment (no faults):
+        exactly the tokens a policy would have produced; the SFT cold start trains on them.
+        `chat`, `parser`, `env`: a `ChatFormat`, a tool-call parser and an `EnvConfig`."""
+        from sentinel.env.environment import replay
+
+        turns = self.solve(task.spec, self.tool_map(task.spec)).assistant_turns()
+        return replay(task, turns, self.tool_map(task.spec), chat, parser, env,
+                      follow_ups=self.follow_up_turns(task.spec))
+
     def make_task(
         self,
         spec: Any,

@@ -1,0 +1,36 @@
+"""Progress of long phases: a rich progress bar on a terminal, one plain line per phase in a log.
+
+`phase(console, label, total)` is a context manager yielding `update(completed)`. On a terminal it
+draws a transient bar; when the console is not a terminal (output redirected to a file, CI), the bar
+would print nothing useful, so the phase prints one line when it ends: the label, the count done
+and the seconds it took.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+@contextmanager
+def phase(console: Console, label: str, total: int) -> Iterator[Callable[[int], None]]:
+    if not console.is_terminal:
+        done = [0]
+        start = time.perf_counter()
+
+        def note(completed: int) -> None:
+            done[0] = completed
+
+        yield note
+        console.print(f"{label}: {done[0]}/{total} in {time.perf_counter() - start:.1f}s",
+                      highlight=False, markup=False)
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task(label, total=total)
+        yield lambda completed: progress.update(bar, completed=completed)

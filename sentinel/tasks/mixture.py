@@ -1,0 +1,60 @@
+"""`TaskMixture`: several task families mixed by weight, the one place that does it (as
+nanochat's `TaskMixture`).
+
+The loop builds two: the training mixture (`families:` in the config), whose `sample` is the
+curriculum's base distribution, and the held-out mixture (`eval.families`, default the training
+ones), whose `draw` makes the fixed held-out set. Each member samples with its own family config,
+so a held-out member may reach past the training range (more operands, larger numbers); a task
+is verified and run by its family, whose checks depend on the task's spec, not on the sampling
+config.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sentinel.tasks.base import TaskFamily
+from sentinel.types import Origin, Task
+
+
+class TaskMixture:
+    """`members`: (name, family, weight); names are how tasks find their family (`Task.family`)."""
+
+    def __init__(self, members: Sequence[tuple[str, TaskFamily, float]]) -> None:
+        if not members:
+            raise ValueError("a task mixture needs at least one family")
+        self.names = [name for name, _, _ in members]
+        self.members = [family for _, family, _ in members]
+        self.weights = [weight for _, _, weight in members]
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[Any]) -> TaskMixture:
+        """From config family entries (`sentinel.tasks.FamilyEntry`: type, weight, build())."""
+        return cls([(e.type, e.build(), e.weight) for e in entries])
+
+    @property
+    def families(self) -> dict[str, TaskFamily]:
+        """The members by name (the first member of a name wins)."""
+        out: dict[str, TaskFamily] = {}
+        for name, family in zip(self.names, self.members, strict=True):
+            out.setdefault(name, family)
+        return out
+
+    def sample(self, rng: random.Random, origin: Origin = "seed") -> Task:
+        """One task: a member chosen by weight, then a task from its base distribution."""
+        k = rng.choices(range(len(self.members)), weights=self.weights)[0]
+        return self.members[k].sample_task(rng, origin=origin)
+
+    def draw(self, n: int, seed: int, origin: Origin = "eval") -> list[Task]:
+        """`n` distinct tasks from a fresh `Random(seed)` (fewer if the mixture has fewer: at
+        most `100 * n` draws are tried)."""
+        rng = random.Random(seed)
+        tasks: dict[str, Task] = {}
+        for _ in range(100 * n):
+            if len(tasks) >= n:
+                break
+            task = self.sample(rng, origin=origin)
+            tasks.setdefault(task.task_id, task)
+        return list(tasks.values())
