@@ -270,6 +270,12 @@ class Store:
         self._version_checked = True
         return before
 
+    def run_ids(self) -> list[str]:
+        """The ids of the runs recorded in the file (one for a store the loop wrote), oldest
+        first; empty when the file holds no run yet."""
+        _, rows = self.query("SELECT run_id FROM runs ORDER BY created_at, run_id")
+        return [r[0] for r in rows]
+
     def completed_rounds(self) -> list[int]:
         """Rounds fully committed, ascending."""
         _, rows = self.query("SELECT round FROM rounds ORDER BY round")
