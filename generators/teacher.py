@@ -11,11 +11,13 @@ config's `template:` path) with:
   failed tasks (then `family.perturb` variants of them, up to `shots` lines), so even a model that
   was never told the spec format sees it, and the prompt ends where the next line would start.
 
-The model (`model:` a local Hugging Face causal-LM directory or hub id, loaded once; or `policy`:
-the loop's current policy, `ctx.policy = (model, tokenizer)`) samples `samples` completions per
-prompt. Each completion is parsed (`parse_specs`) for JSON task specs, one object per line or a
-JSON list; every `{"family": str, "spec": ...}` object becomes a `Candidate` (with `answer` when
-it gives a string one) aimed at the cluster: parent = the cluster's first failed task, failure
+The model (`model:` a local Hugging Face causal-LM directory or hub id, loaded once; `policy`:
+the loop's current policy, `ctx.policy = (model, tokenizer)`; or `tiny`: the embedded spec writer,
+which `sentinel.spec_writer` builds, trains and hands over with `bind(model, tokenizer)`, since a
+generator neither builds policies nor trains) samples `samples` completions per prompt. Each
+completion is parsed (`parse_specs`) for JSON task specs, one object per line or a JSON list;
+every `{"family": str, "spec": ...}` object becomes a `Candidate` (with `answer` when it gives a
+string one) aimed at the cluster: parent = the cluster's first failed task, failure
 ids = the cluster's failures. What cannot be read (a line with JSON-like text but no valid spec
 object, or a completion with nothing at all) is yielded as `Unparseable` and stored as a
 rejection `unparseable`: garbage never crashes the round and is never silently dropped. Parsed
@@ -59,8 +61,8 @@ MAX_PROBLEM_CHARS = 300
 class TeacherConfig(GeneratorConfig):
     type: str = "teacher"
     model: str = Field(
-        description="'policy' (the loop's current policy), 'tiny' (an embedded spec writer, "
-        "trained when the generator is built) or a local HF causal-LM path / hub id"
+        description="'policy' (the loop's current policy), 'tiny' (the embedded spec writer, "
+        "built and bound by sentinel.spec_writer) or a local HF causal-LM path / hub id"
     )
     tiny_families: list[str] = Field(
         default_factory=lambda: ["arith"], description="model 'tiny': families it learns to write"
@@ -132,11 +134,22 @@ class TeacherGenerator(BaseGenerator):
         super().__init__(config)
         self._loaded: tuple[Any, Any] | None = None
         self._template: Any = None
-        if config.model == "tiny":
-            self._loaded = self._train_tiny()
+
+    def bind(self, model: Any, tokenizer: Any) -> None:
+        """Sample from `model` with `tokenizer` from now on, instead of loading `config.model`.
+        `model: tiny` needs it: the embedded spec writer is built and trained outside the
+        generators (`sentinel.spec_writer.bind_spec_writers`, which the loop calls)."""
+        self._loaded = (model, tokenizer)
+
+    @property
+    def bound(self) -> bool:
+        """Whether a model is loaded or bound (`bind`) already."""
+        return self._loaded is not None
 
     # -- inputs ---------------------------------------------------------------------------------
-    def _render(self, **variables: Any) -> str:
+    def render(self, **variables: Any) -> str:
+        """The prompt rendered from the template (`template:`, or `teacher_tiny.j2` for
+        `model: tiny`, else `teacher.j2`) with `variables` (`cluster`, `family`, `examples`)."""
         if self._template is None:
             import jinja2
 
@@ -152,6 +165,12 @@ class TeacherGenerator(BaseGenerator):
                 raise RuntimeError("teacher model 'policy' needs ctx.policy = (model, tokenizer)")
             return ctx.policy
         if self._loaded is None:
+            if self.config.model == "tiny":
+                raise RuntimeError(
+                    "teacher model 'tiny' is the embedded spec writer, built outside the "
+                    "generator: call sentinel.spec_writer.bind_spec_writers([teacher]) (the loop "
+                    "does) or teacher.bind(model, tokenizer) before generating"
+                )
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(self.config.model)
@@ -160,68 +179,6 @@ class TeacherGenerator(BaseGenerator):
             model.eval()
             self._loaded = (model, tokenizer)
         return self._loaded
-
-    def _train_tiny(self) -> tuple[Any, Any]:
-        """The embedded teacher: a small character-level Llama (the policy's tokenizer) trained
-        with SFT to continue this generator's own prompts. Each training prompt is rendered from
-        the template exactly as at run time, for a synthetic cluster around a sampled task (its
-        skills, a failure mode, a summary in the fallback format) with few-shot lines from the
-        task and `perturb` variants; the target is three more variants, one JSON line each. So it
-        learns the spec format and to write tasks like the exemplars, with the same skills: what
-        a real teacher model is asked for, at the scale of the CPU quickstart (no hub download).
-        Its default template is the compact `templates/teacher_tiny.j2`. Deterministic for a
-        given `tiny_seed`."""
-        import copy
-        import random
-        import tempfile
-
-        import torch
-
-        from sentinel.policy import TinyPolicyConfig, build_tiny_policy, load_policy
-        from sentinel.tasks import load_family
-        from trainers.sft import SFTConfig, SFTTrainer
-
-        cfg = self.config
-        rng = random.Random(cfg.tiny_seed)
-        modes = ["wrong_answer", "premature_answer", "format_error", "bad_arguments"]
-        families = {name: load_family(name) for name in cfg.tiny_families}
-        with tempfile.TemporaryDirectory(prefix="sentinel-teacher-") as tmp:
-            model, tokenizer = load_policy(build_tiny_policy(tmp, TinyPolicyConfig(
-                hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                num_attention_heads=4, max_position_embeddings=1024, seed=cfg.tiny_seed)))
-            model = copy.deepcopy(model)  # owns its weights once the directory is gone
-        examples = []
-        for _ in range(512):
-            name = rng.choice(cfg.tiny_families)
-            fam = families[name]
-            task = fam.sample_task(rng, origin="seed")
-            mode, n = rng.choice(modes), rng.randint(1, 40)
-            skills = sorted(task.skills)
-            cluster = {"family": name, "skills": skills, "mode": mode, "n_failures": n,
-                       "summary": f"{name} | {', '.join(skills) or '-'} | {mode}: {n} failures"}
-            shots = self._spec_lines(fam, name, [task], rng)
-            prompt = self._render(cluster=cluster, family=name, examples=shots)
-            targets = []
-            for _ in range(3):
-                try:
-                    targets.append(json.dumps({"family": name,
-                                               "spec": fam.perturb(task.spec, rng)}))
-                except SpecError:
-                    continue
-            if not targets:
-                continue
-            p_ids = tokenizer.encode(prompt, add_special_tokens=False)
-            t_ids = tokenizer.encode("\n".join(targets) + "\n", add_special_tokens=False)
-            p_ids = p_ids[-(model.config.max_position_embeddings - len(t_ids) - 1):]
-            examples.append((p_ids + t_ids + [tokenizer.eos_token_id],
-                             [0] * len(p_ids) + [1] * (len(t_ids) + 1)))
-        with torch.random.fork_rng():
-            torch.manual_seed(cfg.tiny_seed)
-            SFTTrainer(model, SFTConfig(steps=cfg.tiny_steps, batch_size=16, lr=3e-3,
-                                        warmup_steps=10, max_seq_len=1024, seed=cfg.tiny_seed),
-                       pad_token_id=tokenizer.pad_token_id).train(examples)
-        model.eval()
-        return model, tokenizer
 
     @staticmethod
     def _clusters(ctx: GenerationContext) -> list[dict[str, Any]]:
@@ -241,9 +198,11 @@ class TeacherGenerator(BaseGenerator):
 
     def _examples(self, ctx: GenerationContext, family: str, tasks: list[Task]) -> list[str]:
         """Up to `shots` spec lines: the cluster's tasks, then perturbations of them."""
-        return self._spec_lines(ctx.families[family], family, tasks, ctx.rng)
+        return self.spec_lines(ctx.families[family], family, tasks, ctx.rng)
 
-    def _spec_lines(self, fam: Any, family: str, tasks: list[Task], rng: Any) -> list[str]:
+    def spec_lines(self, fam: Any, family: str, tasks: list[Task], rng: Any) -> list[str]:
+        """Up to `shots` JSON lines `{"family": ..., "spec": ...}`: the specs of `tasks`, then
+        `fam.perturb` variants of them drawn with `rng`."""
         specs = [t.spec for t in tasks][: self.config.shots]
         for task in tasks:
             if len(specs) >= self.config.shots:
@@ -300,7 +259,7 @@ class TeacherGenerator(BaseGenerator):
                           if f.task_id in ctx.tasks}.values())
             if family not in ctx.families:
                 continue
-            prompt = self._render(
+            prompt = self.render(
                 cluster=cluster, family=family, examples=self._examples(ctx, family, tasks)
             )
             parent = tasks[0].task_id if tasks else None
@@ -315,7 +274,6 @@ class TeacherGenerator(BaseGenerator):
                         answer=answer if isinstance(answer, str) else None,
                         parent_task_id=parent,
                         failure_ids=list(failure_ids),
-                        generator=self.name,
                     )
                 for problem in problems:
                     yield Unparseable(

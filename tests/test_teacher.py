@@ -22,6 +22,7 @@ from generators import (
 )
 from sentinel.analyzer import cluster_failures
 from sentinel.policy import TinyPolicyConfig, build_tiny_policy, load_policy
+from sentinel.spec_writer import bind_spec_writers
 from sentinel.tasks import load_family
 from sentinel.types import Failure, Task
 
@@ -100,7 +101,7 @@ def test_policy_model_and_template_override(tiny_policy, tmp_path: Path):
                         "{% endfor %}")
     teacher = load_generator({"type": "teacher", "model": "policy", "template": str(template),
                               "samples": 2, "max_new_tokens": 16, "clusters": 1})
-    prompt = teacher._render(cluster={"mode": "loop"}, family="arith", examples=["x", "y"])
+    prompt = teacher.render(cluster={"mode": "loop"}, family="arith", examples=["x", "y"])
     assert prompt == "loop arith\nx\ny\n"
     _, rejections, stats = run_generators([teacher], context(policy=tiny_policy),
                                           known_task_ids=nothing_known)
@@ -120,6 +121,24 @@ def test_sampling_is_reproducible(tiny_dir: Path):
         gen = load_generator(spec)
         runs.append([repr(c) for c in gen.generate(context(with_clusters=False))])
     assert runs[0] == runs[1] and runs[0]
+
+
+def test_tiny_teacher_samples_from_the_spec_writer_it_is_given(tiny_policy):
+    """`model: tiny` loads nothing itself: unbound, it fails with what to call; bound (here to the
+    untrained tiny policy), it samples from that model. `bind_spec_writers` skips other models."""
+    teacher = load_generator({"type": "teacher", "model": "tiny", "samples": 2,
+                              "max_new_tokens": 16, "clusters": 1})
+    assert not teacher.bound
+    with pytest.raises(RuntimeError, match="bind_spec_writers"):
+        next(iter(teacher.generate(context())))
+    teacher.bind(*tiny_policy)
+    bind_spec_writers([teacher])  # already bound: nothing is trained
+    assert teacher._loaded[0] is tiny_policy[0]
+    _, _, stats = run_generators([teacher], context(), known_task_ids=nothing_known)
+    assert stats["teacher"]["errors"] == 0 and stats["teacher"]["proposed"] >= 2
+    other = load_generator({"type": "teacher", "model": "policy"})
+    bind_spec_writers([other, load_generator({"type": "mutate"})])
+    assert not other.bound
 
 
 SPEC_LINES = [f'{{"family": "arith", "spec": {{"expr": "{e}"}}}}' for e in ("2+3*4", "7*8-5",
@@ -170,8 +189,8 @@ def test_sft_trained_teacher_yields_accepted_tasks(tmp_path: Path):
 
 @pytest.mark.slow
 def test_embedded_tiny_teacher_yields_accepted_tasks():
-    """`model: tiny` trains the embedded spec writer when the generator is built (about a minute
-    of CPU) and its specs pass validation, aimed at the cluster they were prompted with."""
+    """`model: tiny` with the embedded spec writer `sentinel.spec_writer` trains and binds (about
+    a minute of CPU): its specs pass validation, aimed at the cluster they were prompted with."""
     import torch
 
     threads = torch.get_num_threads()
@@ -180,6 +199,7 @@ def test_embedded_tiny_teacher_yields_accepted_tasks():
         teacher = load_generator({"type": "teacher", "model": "tiny", "samples": 4,
                                   "clusters": 4, "shots": 2, "tiny_steps": 80,
                                   "temperature": 0.7})
+        bind_spec_writers([teacher])
         tasks, rejections, stats = run_generators([teacher], context(),
                                                   known_task_ids=nothing_known)
     finally:
