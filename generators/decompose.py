@@ -96,7 +96,6 @@ class DecomposeGenerator(BaseGenerator):
                         spec=spec,
                         parent_task_id=task.task_id,
                         failure_ids=[f.failure_id for f in failures],
-                        generator=self.name,
                     )
                 )
             queues.append(queue)

@@ -56,7 +56,6 @@ class EscalateGenerator(BaseGenerator):
                         family=task.family,
                         spec=spec,
                         parent_task_id=task.task_id,
-                        generator=self.name,
                     )
                 )
             queues.append(queue)

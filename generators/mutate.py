@@ -64,5 +64,4 @@ class MutateGenerator(BaseGenerator):
                     answer=None,
                     parent_task_id=task.task_id,
                     failure_ids=[f.failure_id for f in failures],
-                    generator=self.name,
                 )

@@ -2,8 +2,9 @@
 
     reward = w_outcome * outcome + w_format * format + w_process * process
 
-Each term is a pure function in [0, 1] of the trajectory (and, for `outcome`, the task's
-verifier), documented and doctested below; `score` returns the weighted sum, the unweighted terms
+Each term is in [0, 1]: `outcome` is the family's verdict on the whole episode
+(`TaskFamily.verify_trajectory`), `format` and `process` are pure functions of the steps,
+documented and doctested below; `score` returns the weighted sum, the unweighted terms
 (what the store logs) and success.
 
 - `outcome`: 1.0 when the family's verifier accepts the final answer, else 0.0. It alone decides
@@ -48,20 +49,6 @@ class RewardConfig(BaseModel):
     w_outcome: float = Field(1.0, ge=0.0, description="weight of the verifier's verdict")
     w_format: float = Field(0.2, ge=0.0, description="weight of the share of well-formed steps")
     w_process: float = Field(0.1, ge=0.0, description="weight of the share of sound tool calls")
-
-
-def outcome_score(task: Task, answer: str | None, family: TaskFamily) -> float:
-    """1.0 if `family` verifies `answer` for `task`, else 0.0 (no answer is 0.0).
-
-    >>> from sentinel.tasks import load_family
-    >>> arith = load_family("arith")
-    >>> task = arith.make_task({"expr": "(3+4)*5"})
-    >>> outcome_score(task, "35", arith), outcome_score(task, "34", arith)
-    (1.0, 0.0)
-    >>> outcome_score(task, None, arith)
-    0.0
-    """
-    return 1.0 if family.verify(task, answer) else 0.0
 
 
 def is_well_formed(step: Step) -> bool:

@@ -215,7 +215,6 @@ class Candidate:
     answer: str | None = None
     parent_task_id: str | None = None
     failure_ids: list[str] = field(default_factory=list)
-    generator: str = ""
 
 
 @dataclass

@@ -86,7 +86,7 @@ def test_mutate_keeps_skills_and_lineage():
     for c in candidates:
         assert c.parent_task_id == parent.task_id
         assert c.failure_ids == [f.failure_id for f in failures]
-        assert c.generator == "mutate" and c.answer is None and c.spec != parent.spec
+        assert c.answer is None and c.spec != parent.spec
     tasks, rejections = validate(candidates)
     assert rejections == []
     for task in tasks:
@@ -227,7 +227,7 @@ class MyGen:
 
     def generate(self, ctx: GenerationContext) -> Iterator[Candidate]:
         for expr in self.config.exprs:
-            yield Candidate("arith", {"expr": expr}, generator=self.name)
+            yield Candidate("arith", {"expr": expr})
 
 
 class Bare:
@@ -387,8 +387,7 @@ def test_decompose_gives_the_failing_step_then_the_steps_before_it():
     candidates = list(DecomposeGenerator().generate(context([fail], [parent])))
     assert [c.spec["expr"] for c in candidates] == ["(2+3)*(4+1)", "4+1", "2+3"]
     for c in candidates:
-        assert (c.parent_task_id, c.failure_ids, c.generator) == (
-            parent.task_id, [fail.failure_id], "decompose")
+        assert (c.parent_task_id, c.failure_ids) == (parent.task_id, [fail.failure_id])
     # A first error beyond the reference maps to its last step, whose sub-problem for arith is
     # the whole task (skipped): only the stepping stones before it remain.
     fail.first_error_step = 9

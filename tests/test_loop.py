@@ -34,11 +34,10 @@ class ClaimingGenerator(BaseGenerator):
             family = ctx.families[task.family]
             spec = family.perturb(task.spec, rng)
             answer = family.solve(spec, family.tool_map()).answer
-            yield Candidate(task.family, spec, answer, task.task_id, generator=self.name)
+            yield Candidate(task.family, spec, answer, task.task_id)
             # Operands above max_value: no other generator can propose this spec.
             other = {"expr": f"{500 + i}+{ctx.round}"}
-            yield Candidate(task.family, other, str(500 + i + ctx.round + 1), task.task_id,
-                            generator=self.name)
+            yield Candidate(task.family, other, str(500 + i + ctx.round + 1), task.task_id)
 
 
 TINY = {

@@ -56,5 +56,4 @@ class ExampleGenerator:
                     spec=spec,
                     parent_task_id=task.task_id,
                     failure_ids=[f.failure_id for f in by_task[task_id]],
-                    generator=self.name,
                 )
