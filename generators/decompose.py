@@ -37,7 +37,7 @@ from sentinel.types import FAILURE_MODES, Candidate, canonical_json
 
 
 class DecomposeConfig(GeneratorConfig):
-    type: str = "decompose"
+    type: str = Field("decompose", description="the generator: decompose")
     modes: list[str] | None = Field(
         None, description="failure modes to decompose (default: all with a first error step)"
     )

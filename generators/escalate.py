@@ -27,7 +27,7 @@ from sentinel.types import Candidate, canonical_json
 
 
 class EscalateConfig(GeneratorConfig):
-    type: str = "escalate"
+    type: str = Field("escalate", description="the generator: escalate")
     per_task: int = Field(1, ge=1, description="harder variants proposed per mastered task")
 
 

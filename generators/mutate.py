@@ -29,7 +29,7 @@ from sentinel.types import Candidate, canonical_json
 
 
 class MutateConfig(GeneratorConfig):
-    type: str = "mutate"
+    type: str = Field("mutate", description="the generator: mutate")
     per_failure: int = Field(2, ge=1, description="variants proposed per failed task")
 
 

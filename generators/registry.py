@@ -1,6 +1,7 @@
 """Finding and building generators from config.
 
-`load_generator({"type": ..., **options})` resolves `type`, in this order, as:
+`load_generator({"type": ..., **options})` resolves `type` through `sentinel.plugins.resolve`, in
+this order:
 
 1. a built-in name (`BUILTIN`);
 2. a name registered under the Python entry-point group `sentinel.generators`, e.g. in a
@@ -8,17 +9,17 @@
 3. `module:Class` (dots after the colon reach nested attributes).
 
 The class's `config_model` (a `GeneratorConfig` subclass; plain `GeneratorConfig` when it has
-none, so unknown keys are still errors) validates the whole spec, and the class is built with the
-validated config, or with no argument if its constructor takes none. Whatever goes wrong (an import
-error inside the plugin, a name that is not a class, a missing `name` or `generate`, an invalid
-option) raises `GeneratorLoadError` naming the generator and, for options, the key.
+none, so unknown keys are still errors) validates the whole spec (`generator_config`, which the
+run config uses, so a plugin's options are checked when the config is loaded), and the class is
+built with the validated config, or with no argument if its constructor takes none. Whatever goes
+wrong (an import error inside the plugin, a name that is not a class, a missing `name` or
+`generate`, an invalid option) raises `GeneratorLoadError` (the same class as
+`sentinel.plugins.PluginError`) naming the generator and, for options, the key.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
-from importlib.metadata import entry_points
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,6 +29,7 @@ from generators.decompose import DecomposeGenerator
 from generators.escalate import EscalateGenerator
 from generators.mutate import MutateGenerator
 from generators.teacher import TeacherGenerator
+from sentinel.plugins import PluginError, resolve
 
 ENTRY_POINT_GROUP = "sentinel.generators"
 BUILTIN: dict[str, type] = {
@@ -37,84 +39,56 @@ BUILTIN: dict[str, type] = {
     "teacher": TeacherGenerator,
 }
 
-
-class GeneratorLoadError(ValueError):
-    """A generator spec that cannot be turned into a generator; the message says why."""
-
-
-def _import_target(target: str) -> Any:
-    module_name, _, attr_path = target.partition(":")
-    if not module_name or not attr_path:
-        raise GeneratorLoadError(f"generator {target!r}: expected `module:Class`")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # any error while importing a plugin is a load error
-        raise GeneratorLoadError(
-            f"generator {target!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from exc
-    for attr in attr_path.split("."):
-        if not hasattr(obj, attr):
-            raise GeneratorLoadError(f"generator {target!r}: {module_name!r} has no {attr_path!r}")
-        obj = getattr(obj, attr)
-    return obj
-
-
-def _entry_point(name: str) -> Any | None:
-    """The object registered as `name` in the `sentinel.generators` group, None if none is."""
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            try:
-                return ep.load()
-            except Exception as exc:  # a broken plugin is a load error
-                raise GeneratorLoadError(
-                    f"generator {name!r}: entry point {ep.value!r} failed to load: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-    return None
+# One error for every plugin kind; the old name stays for plugins and callers that catch it.
+GeneratorLoadError = PluginError
 
 
 def generator_class(type_name: str) -> type:
     """Resolve a generator's `type` to its class (see the module docstring for the order)."""
-    if type_name in BUILTIN:
-        return BUILTIN[type_name]
-    obj = _entry_point(type_name)
-    if obj is None:
-        if ":" not in type_name:
-            plugins = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
-            raise GeneratorLoadError(
-                f"unknown generator {type_name!r}; built-in: {', '.join(sorted(BUILTIN))}; "
-                f"entry points: {', '.join(plugins) or 'none'}; or give `module:Class`"
-            )
-        obj = _import_target(type_name)
-    if not isinstance(obj, type):
-        raise GeneratorLoadError(f"generator {type_name!r} is a {type(obj).__name__}, not a class")
-    if not callable(getattr(obj, "generate", None)):
-        raise GeneratorLoadError(f"generator {type_name!r}: class {obj.__name__} has no generate()")
-    return obj
+    return resolve("generator", type_name, BUILTIN, ENTRY_POINT_GROUP, required=("generate",))
 
 
-def _config_errors(type_name: str, exc: ValidationError) -> str:
+def _config_errors(exc: ValidationError) -> str:
     problems = "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or '<spec>'}: {err['msg']}" for err in exc.errors()
     )
-    return f"generator {type_name!r}: invalid config: {problems}"
+    return f"invalid config: {problems}"
 
 
-def load_generator(spec: dict[str, Any]) -> TaskGenerator:
-    """Build the generator described by `spec` (`{"type": ..., **options}`)."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
-        raise GeneratorLoadError(f"a generator spec needs a string 'type', got {spec!r}")
-    type_name = spec["type"]
-    cls = generator_class(type_name)
+def config_model_of(cls: type, type_name: str) -> type[GeneratorConfig]:
+    """The config model of generator class `cls` (`GeneratorConfig` when it declares none)."""
     config_model = getattr(cls, "config_model", GeneratorConfig)
     if not (isinstance(config_model, type) and issubclass(config_model, GeneratorConfig)):
-        raise GeneratorLoadError(
-            f"generator {type_name!r}: config_model must be a GeneratorConfig subclass"
-        )
+        raise GeneratorLoadError("generator", type_name,
+                                 "config_model must be a GeneratorConfig subclass")
+    return config_model
+
+
+def generator_config(spec: Any) -> GeneratorConfig:
+    """Validate `spec` (`{"type": ..., **options}`) with its generator's own config model.
+
+    `GeneratorLoadError` if the type cannot be resolved; the config model's `ValidationError`
+    (locations are keys of the spec) if an option is wrong."""
+    if isinstance(spec, GeneratorConfig):
+        return spec
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
+        raise GeneratorLoadError("generator", str(spec),
+                                 "a generator spec needs a string 'type' (a built-in, an entry "
+                                 "point of sentinel.generators, or module:Class)")
+    return config_model_of(generator_class(spec["type"]), spec["type"]).model_validate(spec)
+
+
+def load_generator(spec: dict[str, Any] | GeneratorConfig) -> TaskGenerator:
+    """Build the generator described by `spec`: `{"type": ..., **options}`, or a config already
+    validated by `generator_config` (as `SentinelConfig.generators` holds them)."""
     try:
-        config = config_model.model_validate(spec)
+        config = generator_config(spec)
     except ValidationError as exc:
-        raise GeneratorLoadError(_config_errors(type_name, exc)) from None
+        raise GeneratorLoadError("generator", spec["type"], _config_errors(exc)) from None
+    type_name = config.type
+    cls = generator_class(type_name)
+    if not isinstance(config, config_model_of(cls, type_name)):
+        config = config_model_of(cls, type_name).model_validate(config.model_dump())
     try:
         takes_config = bool(inspect.signature(cls).parameters)
     except (TypeError, ValueError):
@@ -123,8 +97,8 @@ def load_generator(spec: dict[str, Any]) -> TaskGenerator:
         generator = cls(config) if takes_config else cls()
     except Exception as exc:  # a plugin's constructor failing is a load error
         raise GeneratorLoadError(
-            f"generator {type_name!r}: {cls.__name__}(config) raised {type(exc).__name__}: {exc}"
+            "generator", type_name, f"{cls.__name__}(config) raised {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(getattr(generator, "name", None), str):
-        raise GeneratorLoadError(f"generator {type_name!r}: {cls.__name__} has no str `name`")
+        raise GeneratorLoadError("generator", type_name, f"{cls.__name__} has no str `name`")
     return generator

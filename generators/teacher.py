@@ -59,7 +59,7 @@ MAX_PROBLEM_CHARS = 300
 
 
 class TeacherConfig(GeneratorConfig):
-    type: str = "teacher"
+    type: str = Field("teacher", description="the generator: teacher")
     model: str = Field(
         description="'policy' (the loop's current policy), 'tiny' (the embedded spec writer, "
         "built and bound by sentinel.spec_writer) or a local HF causal-LM path / hub id"

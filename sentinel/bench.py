@@ -47,16 +47,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
-from sentinel.config import (
-    ConfigError,
-    Section,
-    SentinelConfig,
-    _format_error,
-    apply_override,
-    parse_override,
-)
+from sentinel.config import Section, SentinelConfig, load_config
 
 ARMS = ("failure", "uniform", "filter")
 Arm = Literal["failure", "uniform", "filter"]
@@ -72,7 +65,8 @@ class BenchSection(Section):
 
 
 class BenchConfig(SentinelConfig):
-    bench: BenchSection = Field(default_factory=BenchSection)
+    bench: BenchSection = Field(default_factory=BenchSection,
+                                description="options only `sentinel bench` reads")
 
     def run_config(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude={"bench"})
@@ -83,22 +77,8 @@ class BenchError(RuntimeError):
 
 
 def load_bench_config(path: str | Path | None, overrides: list[str] | None = None) -> BenchConfig:
-    raw: Any = {}
-    if path is not None:
-        try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {path} does not exist") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError("the config must be a mapping of keys to values at the top level")
-    for item in overrides or []:
-        apply_override(raw, *parse_override(item))
-    try:
-        return BenchConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_format_error(exc)) from None
+    """`sentinel.config.load_config` of a bench config (a loop config plus `bench:`)."""
+    return load_config(path, overrides, model=BenchConfig)
 
 
 def arm_config(config: BenchConfig, arm: str, seed: int, policy: Path) -> dict[str, Any]:

@@ -5,92 +5,115 @@ error names the dotted key and says what was expected (`ConfigError`). `--set a.
 any key before validation; values are parsed as YAML scalars (`--set grpo.lr=1e-5`,
 `--set eval.greedy=false`, `--set generators.0.per_failure=3`).
 
-Sections owned by a component reuse that component's own config model (`trainers.grpo.GRPOConfig`,
-`trainers.sft.SFTConfig`, `sentinel.rewards.RewardConfig`, `sentinel.env.environment.EnvConfig`),
-so the rules live next to the code they protect.
+Sections owned by a component reuse that component's own config model (`trainers.config`'s
+`GRPOUpdateConfig` and `SFTConfig`, `sentinel.rewards.RewardConfig`,
+`sentinel.env.environment.EnvConfig`, `sentinel.loggers.LoggingConfig`), so the rules live next to
+the code they protect. Family and generator entries are typed by their `type`: each becomes the
+family's entry model (`sentinel.tasks.family_entry`) or the generator's own config model
+(`generators.registry.generator_config`), plugins included, so a typo fails at load and the
+dumped config (`runs.config`) holds every default.
+
+Importing this module imports neither torch nor transformers (tests/test_config.py checks it).
+
+Renamed keys are still read, with a `FutureWarning` naming the new key: `generation.budget` is
+`generation.max_candidates`, `generation.probe_budget` is `generation.max_probed`, a family entry's
+`name` and `config` are `type` and the options inline, and `grpo.temperature` is
+`rollout.temperature` (accepted only when the two are equal, as they had to be).
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
+    SerializeAsAny,
     ValidationError,
-    ValidationInfo,
+    WrapValidator,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from generators.base import GeneratorConfig
+from generators.mutate import MutateConfig
+from generators.registry import generator_config
 from sentinel.env.environment import EnvConfig
-from sentinel.env.parser import PARSERS
-from sentinel.logging import LoggingConfig
+from sentinel.env.parser import parser_class
+from sentinel.loggers import LoggingConfig
+from sentinel.plugins import PluginError
 from sentinel.policy import TinyPolicyConfig
 from sentinel.rewards import RewardConfig
-from trainers.grpo import GRPOConfig
-from trainers.sft import SFTConfig
+from sentinel.tasks import FamilyEntry, family_entry
+from trainers.config import ExplainedModel, GRPOConfig, GRPOUpdateConfig, SFTConfig, why
 
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and the rule."""
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Section(ExplainedModel):
+    """A config section: unknown keys are errors; bound errors explain the rule (`why`)."""
+
+
+def _renamed(section: str, data: Any, old: str, new: str) -> Any:
+    """`data` with the old key `old` read as `new` (and a `FutureWarning` saying so)."""
+    if not isinstance(data, dict) or old not in data:
+        return data
+    if new in data:
+        raise ValueError(f"{section}.{old} is the old name of {section}.{new}: give only "
+                         f"{section}.{new}")
+    warnings.warn(f"config key {section}.{old} is now {section}.{new}", FutureWarning,
+                  stacklevel=2)
+    return {(new if k == old else k): v for k, v in data.items()}
+
+
+def _family(value: Any, handler: Any) -> FamilyEntry:
+    return family_entry(value)
+
+
+def _type_error(message: str, value: Any) -> ValidationError:
+    """An error located at the entry's `type` key (so it names `generators.N.type`)."""
+    return ValidationError.from_exception_data("GeneratorConfig", [InitErrorDetails(
+        type=PydanticCustomError("plugin", "{error}", {"error": message}), loc=("type",),
+        input=value)])
+
+
+def _generator(value: Any, handler: Any) -> GeneratorConfig:
+    if isinstance(value, dict) and not isinstance(value.get("type"), str):
+        raise _type_error("a generator entry needs a string 'type': a built-in, an entry point "
+                          "of sentinel.generators, or module:Class", value.get("type"))
+    try:
+        return generator_config(value)
+    except PluginError as exc:
+        raise _type_error(str(exc), value.get("type") if isinstance(value, dict) else value
+                          ) from None
+
+
+# A family entry, validated by the model of its `type` (dumped with all of that model's fields).
+FamilySpec = SerializeAsAny[Annotated[FamilyEntry, WrapValidator(_family)]]
+# A generator entry, validated by its generator's `config_model`.
+GeneratorSpec = SerializeAsAny[Annotated[GeneratorConfig, WrapValidator(_generator)]]
 
 
 class PolicyConfig(Section):
     model: str = Field("tiny", description="'tiny' (embedded) or a local path / hub id")
-    tiny: TinyPolicyConfig = Field(default_factory=TinyPolicyConfig)
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-
-
-class FamilyEntry(Section):
-    name: str = Field(description="built-in family name or module:Class")
-    weight: float = Field(1.0, gt=0, description="share of the base distribution")
-    config: dict[str, Any] = Field(default_factory=dict)
-
-    # Both checked at load, not when the loop first builds the family: a typo must not cost a run.
-    @field_validator("name")
-    @classmethod
-    def _known_family(cls, v: str) -> str:
-        from sentinel.tasks import family_class
-
-        try:
-            family_class(v)
-        except KeyError as exc:
-            raise ValueError(exc.args[0]) from None
-        except (ImportError, AttributeError, TypeError) as exc:
-            raise ValueError(f"cannot load task family {v!r}: {exc}") from None
-        return v
-
-    @field_validator("config")
-    @classmethod
-    def _family_config(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
-        if "name" not in info.data:  # the name's own error is already reported
-            return v
-        from sentinel.tasks import family_class
-
-        try:
-            family_class(info.data["name"]).config_model.model_validate(v)
-        except ValidationError as exc:
-            raise ValueError("; ".join(
-                f"unknown key '{'.'.join(map(str, e['loc']))}'" if e["type"] == "extra_forbidden"
-                else ".".join(map(str, e["loc"])) + ": " * bool(e["loc"])
-                + e["msg"].removeprefix("Value error, ")
-                for e in exc.errors())) from None
-        return v
+    tiny: TinyPolicyConfig = Field(default_factory=TinyPolicyConfig,
+                                   description="shape of the embedded model (model: tiny)")
+    device: str = Field("cpu", description="torch device of the policy")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32",
+                                                              description="weights dtype")
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf", "vllm"] = "hf"
-    temperature: float = Field(0.7, gt=0, description="sampling temperature of training rollouts")
+    backend: Literal["hf", "vllm"] = Field("hf", description="sampling backend")
+    temperature: float = Field(
+        0.7, gt=0, description="the one sampling temperature: training rollouts, held-out "
+        "samples and probes; the GRPO loss recomputes log-probs at it (trl's `temperature`)")
     batch_size: int = Field(128, ge=1, description="sequences per sampling call")
     engine: Literal["auto", "static", "generate"] = Field(
         "auto", description="hf backend: the static-cache sampler (Llama-family models) or "
@@ -99,20 +122,14 @@ class RolloutConfig(Section):
 
 class ColdStartConfig(SFTConfig):
     num_examples: int = Field(512, ge=1, description="reference trajectories to train on")
-    enabled: bool = True
+    enabled: bool = Field(True, description="run the round-0 SFT cold start")
 
 
 class BatchConfig(Section):
     steps_per_round: int = Field(8, ge=1, description="GRPO updates per round")
     tasks_per_step: int = Field(16, ge=1, description="distinct tasks per update")
-    group_size: int = Field(8, description="samples per task (the GRPO group)")
-
-    @field_validator("group_size")
-    @classmethod
-    def _group(cls, v: int) -> int:
-        if v < 2:
-            raise ValueError("group_size must be at least 2: GRPO compares samples within a group")
-        return v
+    group_size: int = Field(8, ge=2, description="samples per task (the GRPO group)",
+                            json_schema_extra=why("GRPO compares samples within a group"))
 
 
 class EvalConfig(Section):
@@ -120,9 +137,9 @@ class EvalConfig(Section):
     samples: int = Field(4, ge=1, description="samples per held-out task at rollout temperature")
     greedy: bool = Field(True, description="also report greedy success")
     seed: int = Field(1234, description="seed of the held-out set")
-    families: list[FamilyEntry] | None = Field(
-        None, description="held-out distribution (default: the training families)"
-    )
+    families: list[FamilySpec] | None = Field(
+        None, description="held-out distribution, entries as in `families` (default: the "
+        "training families)")
 
 
 class CurriculumConfig(Section):
@@ -147,14 +164,24 @@ class CurriculumConfig(Section):
 
 
 class GenerationConfig(Section):
-    time_limit_s: float = Field(30.0, gt=0, description="per generator, per round")
-    budget: int = Field(64, ge=0, description="candidates per generator per round")
+    time_limit_s: float = Field(30.0, gt=0, description="wall-clock limit per generator per "
+                                "round (a safety net: past it the generator is stopped)")
+    max_candidates: int = Field(64, ge=0, description="most candidates taken from each "
+                                "generator per round (a generator's own max_candidates may "
+                                "lower it)")
     probe: bool = Field(False, description="difficulty-probe accepted tasks with the policy")
     probe_samples: int = Field(4, ge=1, description="policy attempts per probed task")
     probe_band: tuple[float, float] = Field(
         (0.05, 0.75), description="kept pass rates, bounds included: [lo, hi]"
     )
-    probe_budget: int = Field(64, ge=0, description="most tasks probed per round, all generators")
+    max_probed: int = Field(64, ge=0, description="most tasks probed per round, all generators "
+                            "together; the rest are rejected `probe_budget`")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        data = _renamed("generation", data, "budget", "max_candidates")
+        return _renamed("generation", data, "probe_budget", "max_probed")
 
     @field_validator("probe_band")
     @classmethod
@@ -164,42 +191,54 @@ class GenerationConfig(Section):
         return v
 
 
-def _check_builtin_generator(i: int, spec: dict[str, Any]) -> None:
-    """Validate a built-in generator's options now, so a typo fails at config load; plugins are
-    validated when the loop loads them."""
-    from generators.registry import BUILTIN
-
-    cls = BUILTIN.get(spec["type"])
-    if cls is None:
-        return
-    try:
-        cls.config_model.model_validate(spec)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"generators.{i}.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise ValueError(f"generator {spec['type']!r}: {problems}") from None
-
-
 class SentinelConfig(Section):
-    seed: int = 0
+    seed: int = Field(0, description="seeds the policy init, sampling, the curriculum and faults")
     rounds: int = Field(4, ge=0, description="GRPO rounds after the round-0 cold start")
-    policy: PolicyConfig = Field(default_factory=PolicyConfig)
-    families: list[FamilyEntry] = Field(default_factory=lambda: [FamilyEntry(name="arith")])
-    env: EnvConfig = Field(default_factory=EnvConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    sft: ColdStartConfig = Field(default_factory=ColdStartConfig)
-    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
-    batch: BatchConfig = Field(default_factory=BatchConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
-    generators: list[dict[str, Any]] = Field(
-        default_factory=lambda: [{"type": "mutate"}],
-        description="generator specs: {type: name | module:Class, ...its config}",
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="the policy model")
+    families: list[FamilySpec] = Field(
+        default_factory=lambda: [family_entry({"type": "arith"})],
+        description="the base distribution: {type: family, weight: share, ...its options}")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="the multi-turn environment")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="reward term weights")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling")
+    sft: ColdStartConfig = Field(default_factory=ColdStartConfig,
+                                 description="the round-0 SFT cold start")
+    grpo: GRPOUpdateConfig = Field(default_factory=GRPOUpdateConfig,
+                                   description="the GRPO update (its temperature is "
+                                   "rollout.temperature)")
+    batch: BatchConfig = Field(default_factory=BatchConfig, description="the shape of a batch")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out set")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig,
+                                         description="what each batch trains on")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig,
+                                         description="limits and the difficulty probe of "
+                                         "generation")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric loggers")
+    generators: list[GeneratorSpec] = Field(
+        default_factory=lambda: [MutateConfig()],
+        description="generator entries: {type: name | module:Class, ...its options}",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_temperature(cls, data: Any) -> Any:
+        """`grpo.temperature` was a second copy of `rollout.temperature` that had to equal it;
+        an equal one (a config of an older run) is dropped, a different one is an error."""
+        grpo = data.get("grpo") if isinstance(data, dict) else None
+        if not isinstance(grpo, dict) or "temperature" not in grpo:
+            return data
+        rollout = data.get("rollout")
+        sampling = (rollout.get("temperature", RolloutConfig.model_fields["temperature"].default)
+                    if isinstance(rollout, dict) else None)
+        if grpo["temperature"] != sampling:
+            raise ValueError(
+                f"grpo.temperature ({grpo['temperature']}) is not a key any more: set "
+                f"rollout.temperature (now {sampling}), the one temperature of sampling and of "
+                "the loss's log-probs (the importance ratio compares log-probs under the "
+                "sampling distribution)")
+        warnings.warn("config key grpo.temperature is gone: rollout.temperature is the one "
+                      "temperature", FutureWarning, stacklevel=2)
+        return {**data, "grpo": {k: v for k, v in grpo.items() if k != "temperature"}}
 
     @field_validator("families")
     @classmethod
@@ -208,32 +247,23 @@ class SentinelConfig(Section):
             raise ValueError("at least one task family is needed")
         return v
 
-    @field_validator("generators")
-    @classmethod
-    def _generators(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        for i, spec in enumerate(v):
-            if not isinstance(spec, dict) or not isinstance(spec.get("type"), str):
-                raise ValueError(f"entry {i} needs a string 'type' (generators.{i}.type: a "
-                                 "built-in or module:Class)")
-            _check_builtin_generator(i, spec)
-        return v
-
     @model_validator(mode="after")
     def _consistent(self) -> SentinelConfig:
-        if self.grpo.temperature != self.rollout.temperature:
-            raise ValueError(
-                f"grpo.temperature ({self.grpo.temperature}) must equal rollout.temperature "
-                f"({self.rollout.temperature}): the importance ratio compares log-probs under the "
-                "sampling distribution"
-            )
         if self.env.max_turn_tokens > self.env.max_tokens:
             raise ValueError(
                 f"env.max_turn_tokens ({self.env.max_turn_tokens}) must not exceed env.max_tokens "
                 f"({self.env.max_tokens}): one turn cannot be longer than the whole episode"
             )
-        if self.env.parser not in PARSERS:
-            raise ValueError(f"env.parser {self.env.parser!r} is not one of {', '.join(PARSERS)}")
+        try:
+            parser_class(self.env.parser)
+        except PluginError as exc:
+            raise ValueError(f"env.parser: {exc}") from None
         return self
+
+    def grpo_trainer_config(self) -> GRPOConfig:
+        """The GRPO trainer's config: the `grpo` section with `rollout.temperature`, the
+        temperature the trajectories were sampled at."""
+        return GRPOConfig(**self.grpo.model_dump(), temperature=self.rollout.temperature)
 
 
 def _format_error(exc: ValidationError) -> str:
@@ -287,22 +317,31 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
         raise ConfigError(f"--set {'.'.join(path)}: {'.'.join(path[:-1])} is not a mapping")
 
 
+ConfigT = TypeVar("ConfigT", bound=SentinelConfig)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
-                data: dict[str, Any] | None = None) -> SentinelConfig:
-    """Load YAML (or take `data`), apply `key.path=value` overrides, validate."""
+                data: dict[str, Any] | None = None, *,
+                model: type[ConfigT] = SentinelConfig) -> ConfigT:  # type: ignore[assignment]
+    """Load YAML (or take `data`), apply `key.path=value` overrides, validate as `model` (a
+    `SentinelConfig` subclass, e.g. the bench's `BenchConfig`); `ConfigError` naming every bad
+    key."""
     raw: Any = copy.deepcopy(data or {})
     if path is not None:
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.safe_load(Path(path).read_text())
         except FileNotFoundError as exc:
             raise ConfigError(f"config file {path} does not exist") from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        if raw is None:  # not a silent all-defaults run: an empty file is a mistake
+            raise ConfigError(f"config file {path} is empty (no keys); see "
+                              "configs/quickstart.yaml")
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a mapping of keys to values at the top level")
     for item in overrides or []:
         apply_override(raw, *parse_override(item))
     try:
-        return SentinelConfig.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None

@@ -6,7 +6,8 @@ Design (nanochat's null-object logger, trl's metric names):
   `close()`. Callers never branch on "is a tracker configured": `NullLogger` and `MultiLogger`
   make "none" and "several" look like one.
 - Backends live in one registry (`LOGGERS`, name -> `module:Class`); `logging.backends` in the
-  config names them, or names any `module:Class` with the same constructor
+  config names them, an entry point of the group `sentinel.loggers`, or any `module:Class` (all
+  resolved by `sentinel.plugins.resolve`, when the config is loaded) with the same constructor
   `(log_dir: Path, config: LoggingConfig, run_config: dict | None)`.
 - Names follow trl's GRPOTrainer where they mean the same thing (`trl_names` renames the loop's
   keys, e.g. `clip_ratio` -> `clip_ratio/region_mean`), so dashboards of trl and Sentinel runs
@@ -25,7 +26,6 @@ console backend prints update lines only, because the loop prints its own per-ro
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sentinel.plugins import resolve
 
 # Loop metric name -> trl GRPOTrainer name, where the two measure the same thing. Keys not listed
 # keep their name (`loss`, `kl`, `entropy`, `grad_norm`, `reward`, `reward_std`, `learning_rate`,
@@ -44,12 +46,20 @@ TRL_NAMES: dict[str, str] = {
 }
 
 LOGGERS: dict[str, str] = {
-    "console": "sentinel.logging:ConsoleLogger",
-    "tensorboard": "sentinel.logging:TensorBoardLogger",
-    "trackio": "sentinel.logging:TrackioLogger",
-    "wandb": "sentinel.logging:WandbLogger",
-    "none": "sentinel.logging:NullLogger",
+    "console": "sentinel.loggers:ConsoleLogger",
+    "tensorboard": "sentinel.loggers:TensorBoardLogger",
+    "trackio": "sentinel.loggers:TrackioLogger",
+    "wandb": "sentinel.loggers:WandbLogger",
+    "none": "sentinel.loggers:NullLogger",
 }
+ENTRY_POINT_GROUP = "sentinel.loggers"
+
+
+def logger_class(name: str) -> type[MetricLogger]:
+    """The `MetricLogger` subclass `name` stands for (a `LOGGERS` name, an entry point of
+    `sentinel.loggers`, or `module:Class`); `sentinel.plugins.PluginError` naming what was
+    tried."""
+    return resolve("logger", name, LOGGERS, ENTRY_POINT_GROUP, base=MetricLogger)
 
 
 class LoggingConfig(BaseModel):
@@ -59,7 +69,8 @@ class LoggingConfig(BaseModel):
 
     backends: list[str] = Field(
         default_factory=lambda: ["console"],
-        description="logger names (console, tensorboard, trackio, wandb, none) or module:Class",
+        description="loggers, each once: console, tensorboard, trackio, wandb, none, an entry "
+                    "point of sentinel.loggers, or module:Class (a MetricLogger subclass)",
     )
     dir: str | None = Field(None, description="where trackers write (default <run-dir>/logs)")
     project: str = Field("sentinel", description="project name for trackio and wandb")
@@ -69,9 +80,7 @@ class LoggingConfig(BaseModel):
     @classmethod
     def _backends(cls, v: list[str]) -> list[str]:
         for name in v:
-            if name not in LOGGERS and ":" not in name:
-                raise ValueError(f"unknown logger {name!r}: use one of {sorted(LOGGERS)} or "
-                                 "module:Class")
+            logger_class(name)  # a typo or a broken plugin fails at load, not after round 0
         if len(set(v)) != len(v):
             raise ValueError(f"each logger may appear once, got {v}: a repeat would log twice")
         return v
@@ -283,14 +292,6 @@ class WandbLogger(MetricLogger):
         self.run.finish()
 
 
-def _import_target(target: str) -> type[MetricLogger]:
-    module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, MetricLogger)):
-        raise TypeError(f"logger {target!r} is not a MetricLogger subclass")
-    return cls
-
-
 def make_logger(config: LoggingConfig, run_dir: str | Path,
                 run_config: Mapping[str, Any] | None = None, *,
                 console: Any = None) -> MetricLogger:
@@ -305,7 +306,7 @@ def make_logger(config: LoggingConfig, run_dir: str | Path,
     config = config.model_copy(update={"name": config.name or Path(run_dir).resolve().name})
     loggers: list[MetricLogger] = []
     for name in config.backends:
-        cls = _import_target(LOGGERS.get(name, name))
+        cls = logger_class(name)
         if issubclass(cls, ConsoleLogger):
             loggers.append(cls(log_dir, config, run_config, console=console))
         else:

@@ -43,12 +43,12 @@ class TinyPolicyConfig(BaseModel):
     """Shape of the embedded tiny Llama."""
 
     model_config = ConfigDict(extra="forbid")
-    hidden_size: int = Field(192, ge=8)
-    intermediate_size: int = Field(768, ge=8)
-    num_hidden_layers: int = Field(4, ge=1)
-    num_attention_heads: int = Field(6, ge=1)
-    max_position_embeddings: int = Field(1024, ge=64)
-    seed: int = 0
+    hidden_size: int = Field(192, ge=8, description="width of the tiny Llama")
+    intermediate_size: int = Field(768, ge=8, description="MLP width")
+    num_hidden_layers: int = Field(4, ge=1, description="layers")
+    num_attention_heads: int = Field(6, ge=1, description="attention heads (no grouped KV)")
+    max_position_embeddings: int = Field(1024, ge=64, description="context length")
+    seed: int = Field(0, description="seed of the weight init")
 
 
 def build_tokenizer() -> Any:

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from sentinel.env.calculator import calculate, parse
-from sentinel.tasks import SpecError, family_class, load_family
+from sentinel.tasks import PluginError, SpecError, family_class, load_family
 from sentinel.tasks.arith import ArithConfig, ArithFamily
 from sentinel.types import Step
 
@@ -212,9 +212,9 @@ def test_config_validation() -> None:
 def test_family_lookup() -> None:
     assert family_class("arith") is ArithFamily
     assert family_class("sentinel.tasks.arith:ArithFamily") is ArithFamily
-    with pytest.raises(KeyError, match="unknown task family 'nope'"):
+    with pytest.raises(PluginError, match="unknown task family 'nope'"):
         family_class("nope")
-    with pytest.raises(TypeError, match="not a TaskFamily"):
+    with pytest.raises(PluginError, match="not a TaskFamily"):
         family_class("sentinel.tasks.arith:ArithConfig")
 
 

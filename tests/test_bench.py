@@ -27,19 +27,19 @@ TINY = {
     "rounds": 1,
     "policy": {"model": "tiny", "tiny": {"hidden_size": 32, "intermediate_size": 64,
                                          "num_hidden_layers": 2, "num_attention_heads": 4}},
-    "families": [{"name": "arith", "config": {"min_operands": 2, "max_operands": 2,
-                                              "max_value": 9, "instruction": ""}}],
+    "families": [{"type": "arith", "min_operands": 2, "max_operands": 2, "max_value": 9,
+                  "instruction": ""}],
     "env": {"max_turns": 3, "max_tokens": 96, "max_turn_tokens": 24},
     "rollout": {"temperature": 1.0},
     "sft": {"steps": 3, "batch_size": 8, "num_examples": 16},
-    "grpo": {"temperature": 1.0, "micro_batch_size": 16},
+    "grpo": {"micro_batch_size": 16},
     "batch": {"steps_per_round": 1, "tasks_per_step": 3, "group_size": 2},
     "eval": {"num_tasks": 6, "samples": 1, "greedy": False, "families": [
-        {"name": "arith", "weight": 2, "config": {"min_operands": 2, "max_operands": 2,
-                                                  "max_value": 9, "instruction": ""}},
-        {"name": "arith", "weight": 1, "config": {"min_operands": 3, "max_operands": 3,
-                                                  "max_value": 30, "instruction": ""}}]},
-    "generation": {"budget": 4, "probe_samples": 1, "probe_band": [0.0, 1.0]},
+        {"type": "arith", "weight": 2, "min_operands": 2, "max_operands": 2, "max_value": 9,
+         "instruction": ""},
+        {"type": "arith", "weight": 1, "min_operands": 3, "max_operands": 3, "max_value": 30,
+         "instruction": ""}]},
+    "generation": {"max_candidates": 4, "probe_samples": 1, "probe_band": [0.0, 1.0]},
     "generators": [{"type": "mutate", "per_failure": 1}],
     "bench": {"target": 0.01, "hardest_skills": 2, "min_skill_tasks": 1, "parallel": 2},
 }
@@ -53,7 +53,8 @@ def test_arms_differ_only_in_what_they_train_on(tmp_path):
         loaded = load_config(data=data)  # each is a valid loop config
         assert loaded.seed == 7 and not loaded.sft.enabled
         assert loaded.policy.model == str((tmp_path / "p").resolve())
-    assert runs["failure"]["generators"] == TINY["generators"]
+    # The dumped entries hold every default of their typed models, so a run's config is whole.
+    assert runs["failure"]["generators"] == [{**TINY["generators"][0], "max_candidates": 32}]
     assert runs["uniform"]["generators"] == runs["filter"]["generators"] == []
     assert runs["uniform"]["curriculum"]["drop_zero_variance"] is False
     assert runs["filter"]["curriculum"]["drop_zero_variance"] is True
@@ -132,12 +133,11 @@ def test_held_out_entries_sample_with_their_own_config(tmp_path):
 
     cfg = load_config(data={**{k: v for k, v in TINY.items() if k != "bench"},
                             "eval": {"num_tasks": 12, "samples": 1, "greedy": False, "families": [
-                                {"name": "arith", "config": {"min_operands": 5,
-                                                             "max_operands": 5,
-                                                             "instruction": ""}}]}})
+                                {"type": "arith", "min_operands": 5, "max_operands": 5,
+                                 "instruction": ""}]}})
     loop = Loop(cfg, tmp_path / "run")
     assert len(loop.eval_tasks) == 12
     assert all("steps:4" in t.skills for t in loop.eval_tasks)
     # Training draws keep the training config (two operands, one step).
-    train = [loop._sample_base(loop.rng) for _ in range(12)]
+    train = [loop.mixture.sample(loop.rng) for _ in range(12)]
     assert all("steps:1" in t.skills for t in train)

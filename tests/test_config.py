@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
+from pydantic import BaseModel
 
 from sentinel.config import (
     ConfigError,
@@ -23,26 +27,26 @@ def test_quickstart_loads() -> None:
     assert isinstance(cfg, SentinelConfig)
     assert cfg.rounds >= 1
     assert cfg.policy.model == "tiny"
-    assert [f.name for f in cfg.families] == ["arith"]
-    # The family section is valid for the family's own config model.
-    from sentinel.tasks import load_family
-
-    assert load_family("arith", cfg.families[0].config).config.max_operands >= 2
-    assert cfg.rollout.temperature == cfg.grpo.temperature
-    # Every generator named in it loads; the embedded teacher's config is checked here, its
-    # training (a minute) in tests/test_teacher.py.
+    assert [f.type for f in cfg.families] == ["arith"]
+    # The entry is the family's own typed config; `build` makes the family from it.
+    assert cfg.families[0].build().config.max_operands == 4
+    assert not hasattr(cfg.grpo, "temperature")  # one temperature: rollout.temperature
+    assert cfg.grpo_trainer_config().temperature == cfg.rollout.temperature == 1.0
+    # Every generator entry is its generator's own config model; the embedded teacher's is
+    # checked here, its training (a minute) in tests/test_teacher.py.
     from generators import load_generator
     from generators.teacher import TeacherConfig
 
-    names = [TeacherConfig.model_validate(spec).type if spec.get("model") == "tiny"
-             else load_generator(spec).name for spec in cfg.generators]
-    assert names == ["mutate", "decompose", "escalate", "teacher"]
+    assert isinstance(cfg.generators[3], TeacherConfig) and cfg.generators[3].model == "tiny"
+    names = [load_generator(spec).name for spec in cfg.generators[:3]]
+    assert names == ["mutate", "decompose", "escalate"]
 
 
 def test_defaults_without_a_file() -> None:
     cfg = load_config()
-    assert cfg.families[0].name == "arith"
-    assert cfg.generators == [{"type": "mutate"}]
+    assert cfg.families[0].type == "arith"
+    assert [g.model_dump() for g in cfg.generators] == [
+        {"type": "mutate", "max_candidates": 32, "per_failure": 2}]
     assert cfg.batch.group_size == 8
 
 
@@ -55,8 +59,7 @@ def test_overrides_nested_and_typed() -> None:
         "policy.tiny.hidden_size=64",
         "generators=[{type: mutate}]",
         "generators.0.per_failure=3",
-        "families.0.config.max_value=50",
-        "grpo.temperature=1.0",
+        "families.0.max_value=50",
         "rollout.temperature=1",
         "policy.model=/models/x",
     ])
@@ -65,17 +68,18 @@ def test_overrides_nested_and_typed() -> None:
     assert cfg.eval.greedy is False
     assert cfg.env.faults.rate == 0.25
     assert cfg.policy.tiny.hidden_size == 64
-    assert cfg.generators == [{"type": "mutate", "per_failure": 3}]
-    assert cfg.families[0].config["max_value"] == 50
-    assert cfg.grpo.temperature == cfg.rollout.temperature == 1.0
+    assert cfg.generators[0].model_dump() == {"type": "mutate", "max_candidates": 32,
+                                              "per_failure": 3}
+    assert cfg.families[0].max_value == 50
+    assert cfg.grpo_trainer_config().temperature == cfg.rollout.temperature == 1.0
     assert cfg.policy.model == "/models/x"
 
 
 def test_override_creates_missing_sections() -> None:
-    cfg = load_config(None, ["eval.families=[{name: arith, weight: 2}]"])
+    cfg = load_config(None, ["eval.families=[{type: arith, weight: 2}]"])
     assert cfg.eval.families is not None and cfg.eval.families[0].weight == 2.0
-    cfg = load_config(None, ["families.0.name=arith"], data={"families": [{"name": "x"}]})
-    assert cfg.families[0].name == "arith"
+    cfg = load_config(None, ["families.0.type=arith"], data={"families": [{"type": "x"}]})
+    assert cfg.families[0].type == "arith"
 
 
 def test_parse_override_types_values_as_yaml() -> None:
@@ -128,13 +132,14 @@ def test_load_config_does_not_mutate_callers_data() -> None:
         (["env.faults.rat=0.1"], ["unknown config key 'env.faults.rat'"]),
         (["rounds=abc"], ["config key 'rounds'", "valid integer", "'abc'"]),
         (["rounds=-1"], ["config key 'rounds'", "-1"]),
-        (["batch.group_size=1"], ["config key 'batch.group_size'", "at least 2"]),
+        (["batch.group_size=1"],
+         ["config key 'batch.group_size'", "GRPO compares samples within a group"]),
         (["curriculum.replay_fraction=0.8"],
          ["config key 'curriculum'", "mined_fraction + replay_fraction"]),
         (["rollout.temperature=0.5", "grpo.temperature=0.7"],
-         ["grpo.temperature (0.7)", "rollout.temperature (0.5)"]),
+         ["grpo.temperature (0.7) is not a key any more", "rollout.temperature (now 0.5)"]),
         (["families=[]"], ["config key 'families'", "at least one task family"]),
-        (["generators.0={per_failure: 2}"], ["config key 'generators'", "entry 0", "'type'"]),
+        (["generators.0={per_failure: 2}"], ["config key 'generators.0.type'", "'type'"]),
         (["policy.dtype=int8"], ["config key 'policy.dtype'", "'int8'"]),
         (["families.0.weight=0"], ["config key 'families.0.weight'"]),
         (["env.faults.rate=2"], ["config key 'env.faults.rate'"]),
@@ -187,3 +192,96 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
 
 def test_config_error_is_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
+
+
+def test_dumped_config_holds_every_default_and_loads_again() -> None:
+    """`runs.config` is `model_dump(mode="json")`: typed family and generator entries put every
+    option there, defaults included (arith's `ops` and `max_intermediate` were once missing)."""
+    cfg = load_config(QUICKSTART)
+    dumped = cfg.model_dump(mode="json")
+    arith = dumped["families"][0]
+    assert arith["type"] == "arith" and arith["ops"] == "+-*/" and arith["max_intermediate"] == 1000
+    assert dumped["generators"][0] == {"type": "mutate", "max_candidates": 32, "per_failure": 2}
+    assert "temperature" not in dumped["grpo"] and dumped["rollout"]["temperature"] == 1.0
+    assert load_config(data=dumped) == cfg
+
+
+def test_old_keys_are_read_with_a_warning_naming_the_new_one() -> None:
+    """Configs stored by older runs (`sentinel loop --resume`) still load."""
+    old = {"families": [{"name": "arith", "weight": 2, "config": {"max_value": 50}}],
+           "generation": {"budget": 5, "probe_budget": 6},
+           "rollout": {"temperature": 0.9}, "grpo": {"temperature": 0.9, "lr": 1e-4}}
+    with pytest.warns(FutureWarning) as record:
+        cfg = load_config(data=old)
+    said = " | ".join(str(w.message) for w in record)
+    for new in ("`type`", "generation.max_candidates", "generation.max_probed",
+                "rollout.temperature is the one temperature"):
+        assert new in said
+    assert (cfg.families[0].type, cfg.families[0].weight, cfg.families[0].max_value) == (
+        "arith", 2.0, 50)
+    assert (cfg.generation.max_candidates, cfg.generation.max_probed) == (5, 6)
+    assert cfg.grpo.lr == 1e-4 and cfg.grpo_trainer_config().temperature == 0.9
+
+
+def _undescribed(model: type[BaseModel], path: str, seen: set[type]) -> list[str]:
+    """Dotted keys of `model` (and every model nested in it) whose field has no description."""
+    if model in seen:
+        return []
+    seen.add(model)
+    missing = []
+    for name, field in model.model_fields.items():
+        key = f"{path}{name}"
+        if not field.description:
+            missing.append(key)
+        for inner in _models_in(field.annotation):
+            missing += _undescribed(inner, f"{key}.", seen)
+    return missing
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (through list[...], X | None, Annotated, ...)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def test_every_config_field_has_a_description() -> None:
+    """Every field of the run config tree, the built-in family entries and generator configs
+    included, says what it is (the source of truth docs/configuration.md is checked against)."""
+    from generators.registry import BUILTIN
+    from sentinel.bench import BenchConfig
+    from sentinel.tasks import FAMILIES, family_entry_model
+
+    seen: set[type] = set()
+    missing = _undescribed(BenchConfig, "", seen)
+    for name in FAMILIES:
+        missing += _undescribed(family_entry_model(name), f"families[{name}].", seen)
+    for name, cls in BUILTIN.items():
+        missing += _undescribed(cls.config_model, f"generators[{name}].", seen)
+    assert len(seen) > 20  # the walk reached the nested sections and entries
+    assert not missing, f"config fields without a description: {missing}"
+
+
+@pytest.mark.parametrize("code", [
+    "import sentinel.config",
+    "from sentinel.config import load_config; load_config('configs/quickstart.yaml')",
+    "import sentinel.cli",
+])
+def test_loading_a_config_imports_neither_torch_nor_transformers(code: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\n"
+         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+         "assert not heavy, heavy"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+
+
+def test_help_imports_neither_torch_nor_transformers() -> None:
+    run = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom sentinel.cli import app\n"
+         "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+         "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+         "assert not heavy, heavy"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "loop" in run.stdout

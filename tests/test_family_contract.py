@@ -176,7 +176,7 @@ def test_spec_edits_give_valid_specs(family: TaskFamily) -> None:
 def test_family_from_an_entry_point_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin package registers a family under the entry-point group `sentinel.families`; here
     a real (tiny) installed distribution on sys.path."""
-    from sentinel.tasks import ENTRY_POINT_GROUP, family_class
+    from sentinel.tasks import ENTRY_POINT_GROUP, PluginError, family_class
     from sentinel.tasks.lookup import LookupFamily
 
     (tmp_path / "myfam.py").write_text(
@@ -193,7 +193,7 @@ def test_family_from_an_entry_point_plugin(tmp_path: Path, monkeypatch: pytest.M
     assert issubclass(cls, LookupFamily) and cls.name == "renamed"
     assert load_family("renamed").make_task(
         load_family("renamed").sample_spec(random.Random(0))).family == "renamed"
-    with pytest.raises(TypeError, match="not a TaskFamily"):
+    with pytest.raises(PluginError, match="not a TaskFamily"):
         family_class("broken")
-    with pytest.raises(KeyError, match=r"sentinel\.families"):
+    with pytest.raises(PluginError, match=r"sentinel\.families"):
         family_class("absent")

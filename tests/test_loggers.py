@@ -15,20 +15,23 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from pydantic import ValidationError
 from rich.console import Console
 
 from sentinel.config import ConfigError, load_config
-from sentinel.logging import (
+from sentinel.loggers import (
     ConsoleLogger,
     LoggingConfig,
     MetricLogger,
     MultiLogger,
     NullLogger,
     flatten_numeric,
+    logger_class,
     make_logger,
     round_scalars,
     trl_names,
 )
+from sentinel.plugins import PluginError
 
 ROUND_ROW = {"heldout_success": 0.5, "train_success": None, "started_at": 1.7e9,
              "metrics": {"loss": 0.25, "failures": {"wrong_answer": 3}}, "timings": {"train": 2.0}}
@@ -93,8 +96,11 @@ def test_make_logger_builds_plugins_and_fans_out(tmp_path):
     assert plugin.calls[1] == (round_scalars(ROUND_ROW), 2)
     assert plugin.closed
     assert isinstance(make_logger(LoggingConfig(backends=[]), tmp_path), NullLogger)
-    with pytest.raises(TypeError, match="not a MetricLogger"):
-        make_logger(LoggingConfig(backends=["pathlib:Path"]), tmp_path)
+    # Checked when the config is made, through the one plugin resolver and its one error.
+    with pytest.raises(ValidationError, match="logger 'pathlib:Path': Path is not a MetricLogger"):
+        LoggingConfig(backends=["pathlib:Path"])
+    with pytest.raises(PluginError, match="importing 'no_such_module' failed"):
+        logger_class("no_such_module:Logger")
 
 
 def test_console_logger_prints_trl_names_in_order(tmp_path):
@@ -138,7 +144,7 @@ def test_trackio_local_database_reads_back(tmp_path):
     proc = _run_python(f"""
         import json, sys
         sys.path.insert(0, {str(root)!r})
-        from sentinel.logging import LoggingConfig, make_logger, trl_names
+        from sentinel.loggers import LoggingConfig, make_logger, trl_names
         logger = make_logger(LoggingConfig(backends=["trackio"], project="proj"), "run-a",
                              run_config={{"rounds": 2}})
         for step in (1, 2):
@@ -167,7 +173,7 @@ def test_wandb_offline_run_file_holds_the_metrics(tmp_path):
     proc = _run_python(f"""
         import sys
         sys.path.insert(0, {str(root)!r})
-        from sentinel.logging import LoggingConfig, make_logger, trl_names
+        from sentinel.loggers import LoggingConfig, make_logger, trl_names
         logger = make_logger(LoggingConfig(backends=["wandb"], project="proj"), "run-b")
         logger.log(trl_names({{"clip_ratio": 0.125, "loss": 0.5}}), 1)
         logger.log_round(1, {{"heldout_success": 0.75}})

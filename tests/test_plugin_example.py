@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from generators import GenerationContext, load_generator, run_generators
+from sentinel.config import ConfigError, load_config
 from sentinel.tasks import load_family
 from sentinel.types import Candidate, Failure
 
@@ -54,6 +55,13 @@ def test_installed_plugin_runs_next_to_a_broken_one(installed: Path):
     example = load_generator({"type": "example", "per_failure": 2})
     assert type(example).__module__ == "sentinel_generator_example"
     assert example.config.per_failure == 2
+    # The run config validates the plugin's entry with its own model when it loads, and stores
+    # every option (the plugin's defaults too).
+    cfg = load_config(data={"generators": [{"type": "example", "per_failure": 3}]})
+    assert cfg.model_dump(mode="json")["generators"] == [
+        {"type": "example", "max_candidates": 32, "per_failure": 3, "tries": 200}]
+    with pytest.raises(ConfigError, match=r"generators\.0\.per_failure"):
+        load_config(data={"generators": [{"type": "example", "per_failure": 0}]})
 
     tasks = [ARITH.make_task({"expr": e}) for e in ("3+4*2", "9-5")]
     failures = [Failure(f"traj-{i}", t.task_id, 2, "wrong_answer", 1, "", t.skills, "arith")

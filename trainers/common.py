@@ -27,7 +27,6 @@ from typing import Literal, overload
 
 import torch
 
-Schedule = Literal["constant", "linear", "cosine"]
 LOGIT_BLOCK = 1 << 24  # float32 elements of logits handled at once by logprobs_from_logits
 
 

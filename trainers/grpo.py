@@ -52,14 +52,12 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
-import pydantic
 import torch
 
 from sentinel.types import Trajectory
 from trainers.common import (
-    Schedule,
     lr_multiplier,
     model_device,
     pad_batch,
@@ -67,93 +65,19 @@ from trainers.common import (
     shared_prefix_logprobs,
     token_logprobs,
 )
+from trainers.config import GRPOConfig, LossAgg, ScaleRewards  # re-exported: the config lives there
 
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "dr_grpo"]
-ScaleRewards = Literal["group", "batch", "none"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "LossAgg",
+    "ScaleRewards",
+    "aggregate_loss",
+    "group_advantages",
+    "grpo_token_loss",
+]
+
 TRUNCATED = frozenset({"max_tokens", "max_turns"})
-
-
-class GRPOConfig(pydantic.BaseModel, extra="forbid"):
-    """Hyper-parameters of the GRPO update (the rollout side has its own config)."""
-
-    lr: float = 3e-5
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.2
-    beta: float = 0.0
-    kl_ratio_correction: bool = False
-    loss_agg: LossAgg = "token-mean"
-    scale_rewards: ScaleRewards = "group"
-    num_iterations: int = 1
-    mask_truncated_completions: bool = False
-    gradient_accumulation_steps: int = 1
-    micro_batch_size: int = 32
-    max_grad_norm: float = 1.0
-    temperature: float = 0.7
-    weight_decay: float = 0.0
-    max_completion_tokens: int = 256
-    lr_scheduler: Schedule = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = pydantic.Field(0.0, ge=0.0, le=1.0)
-    total_steps: int | None = None
-    bf16: bool | Literal["auto"] = "auto"
-    share_prefix: bool = True
-    adam_beta1: float = pydantic.Field(0.9, ge=0.0, lt=1.0)
-    adam_beta2: float = pydantic.Field(0.999, ge=0.0, lt=1.0)
-    adam_epsilon: float = pydantic.Field(1e-8, gt=0.0)
-
-    @pydantic.field_validator("lr", "max_grad_norm", "temperature")
-    @classmethod
-    def _positive(cls, v: float, info: pydantic.ValidationInfo) -> float:
-        if not v > 0:
-            raise ValueError(f"{info.field_name} must be > 0, got {v}")
-        return v
-
-    @pydantic.field_validator("epsilon_low")
-    @classmethod
-    def _eps_low(cls, v: float) -> float:
-        if not 0 <= v < 1:
-            raise ValueError(
-                f"epsilon_low must be in [0, 1) so the lower clip bound 1 - epsilon_low stays "
-                f"positive, got {v}"
-            )
-        return v
-
-    @pydantic.field_validator("epsilon_high", "beta", "weight_decay", "warmup_steps")
-    @classmethod
-    def _non_negative(cls, v: float, info: pydantic.ValidationInfo) -> float:
-        if v < 0:
-            raise ValueError(f"{info.field_name} must be >= 0, got {v}")
-        return v
-
-    @pydantic.field_validator(
-        "num_iterations",
-        "micro_batch_size",
-        "max_completion_tokens",
-        "gradient_accumulation_steps",
-        "total_steps",
-    )
-    @classmethod
-    def _at_least_one(cls, v: int | None, info: pydantic.ValidationInfo) -> int | None:
-        if v is not None and v < 1:
-            raise ValueError(f"{info.field_name} must be >= 1, got {v}")
-        return v
-
-    @pydantic.model_validator(mode="after")
-    def _schedule(self) -> GRPOConfig:
-        if self.total_steps is not None and self.warmup_steps > self.total_steps:
-            raise ValueError(
-                f"warmup_steps ({self.warmup_steps}) must not exceed total_steps "
-                f"({self.total_steps}): the schedule would end before the warm-up does"
-            )
-        return self
-
-    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
-        """bfloat16 when `bf16` is True, or "auto" on a CUDA device that supports it; else None."""
-        if self.bf16 == "auto":
-            use = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        else:
-            use = bool(self.bf16)
-        return torch.bfloat16 if use else None
 
 
 def _std(xs: Sequence[float]) -> float:

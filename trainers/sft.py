@@ -22,55 +22,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-import pydantic
 import torch
 
 from trainers.common import lr_multiplier, model_device, pack_batch, pad_batch
+from trainers.config import SFTConfig  # re-exported: the config lives there
 
-
-class SFTConfig(pydantic.BaseModel, extra="forbid"):
-    """Hyper-parameters of one SFT run."""
-
-    steps: int = 300
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    min_lr_ratio: float = pydantic.Field(0.0, ge=0.0, le=1.0)
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    pack: bool = True
-    max_seq_len: int = 512
-
-    @pydantic.field_validator("steps", "warmup_steps", "weight_decay")
-    @classmethod
-    def _non_negative(cls, v: float, info: pydantic.ValidationInfo) -> float:
-        if v < 0:
-            raise ValueError(f"{info.field_name} must be >= 0 (0 disables it), got {v}")
-        return v
-
-    @pydantic.field_validator("batch_size")
-    @classmethod
-    def _positive_batch(cls, v: int) -> int:
-        if v < 1:
-            raise ValueError(f"batch_size must be >= 1 example per step, got {v}")
-        return v
-
-    @pydantic.field_validator("max_seq_len")
-    @classmethod
-    def _row_length(cls, v: int) -> int:
-        if v < 2:
-            raise ValueError(
-                f"max_seq_len must be >= 2 tokens (one target needs a context), got {v}"
-            )
-        return v
-
-    @pydantic.field_validator("lr", "max_grad_norm")
-    @classmethod
-    def _positive(cls, v: float, info: pydantic.ValidationInfo) -> float:
-        if not v > 0:
-            raise ValueError(f"{info.field_name} must be > 0, got {v}")
-        return v
+__all__ = ["SFTConfig", "SFTTrainer", "batch_loss", "sft_loss"]
 
 
 def sft_loss(

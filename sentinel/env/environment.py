@@ -49,7 +49,8 @@ class EnvConfig(BaseModel):
     max_tokens: int = Field(512, ge=16, description="token budget of the whole episode")
     max_turn_tokens: int = Field(64, ge=4, description="new tokens per assistant turn")
     parser: str = Field("hermes", description="tool-call parser name")
-    faults: FaultConfig = Field(default_factory=FaultConfig)
+    faults: FaultConfig = Field(default_factory=FaultConfig,
+                                description="tool fault injection for every family's tools")
 
 
 class Episode:

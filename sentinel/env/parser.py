@@ -5,7 +5,7 @@ The default parser reads the Hermes/Qwen form that real chat models emit:
     <tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>
 
 and a final answer as `<answer>...</answer>`. Parsers are pluggable: anything with
-`parse(text) -> ParsedTurn` works (see `PARSERS`).
+`parse(text) -> ParsedTurn` works (see `PARSERS` and `parser_class`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from sentinel.plugins import resolve
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
@@ -97,6 +99,13 @@ class HermesParser:
 
 
 PARSERS: dict[str, type] = {"hermes": HermesParser}
+ENTRY_POINT_GROUP = "sentinel.parsers"
+
+
+def parser_class(name: str) -> type:
+    """The parser class `name` stands for (a `PARSERS` name, an entry point of `sentinel.parsers`,
+    or `module:Class`; a class with `parse(text) -> ParsedTurn`), by `sentinel.plugins.resolve`."""
+    return resolve("tool-call parser", name, PARSERS, ENTRY_POINT_GROUP, required=("parse",))
 
 
 def format_call(name: str, arguments: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from sentinel.types import Candidate, Failure, canonical_json
 
 
 class ExampleConfig(GeneratorConfig):
-    type: str = "example"
+    type: str = Field("example", description="the generator: example")
     per_failure: int = Field(2, ge=1, description="candidates per failed task")
     tries: int = Field(200, ge=1, description="base-distribution draws per failed task")
 
