@@ -2,25 +2,44 @@
 
 Every hostile program here is bounded by the sandbox's own limits (2 s wall clock, 256 MB);
 the fork tests that bypass the audit hook fork at most 50 times under RLIMIT_NPROC. The only
-network address any test touches is 127.0.0.1. Each test checks both that the program was
-refused with a reason and, where it can be seen from outside, that the host was unaffected.
+network address any test touches is 127.0.0.1; the only processes any program may reach are a
+`sleep` each test starts for it. Each test checks both that the program was refused with a
+reason and, where it can be seen from outside, that the host was unaffected.
+
+Two modes (`MODES`): the sandbox run by the test process itself (root in CI: uid drop, network
+namespace) and run by a process dropped to `nobody` with `setpriv` (a user who is not root: no
+uid drop, so the kernel filter is the boundary). The second runs every program through
+`_DRIVER` in a subprocess, with a world-readable copy of sandbox.py.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import random
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from sentinel.env import sandbox
 from sentinel.env.chat import ChatFormat
 from sentinel.env.environment import EnvConfig, Episode
 from sentinel.env.parser import HermesParser, format_answer, format_call
-from sentinel.env.sandbox import SandboxLimits, available_layers, run_python
+from sentinel.env.sandbox import (
+    SandboxLimits,
+    SandboxUnavailable,
+    available_layers,
+    kernel_layers,
+    run_python,
+)
 from sentinel.env.tools import BadArguments, Calculator, Python, ToolFailure, tool_schema
 from sentinel.policy import build_tokenizer
 from sentinel.tasks.arith import ArithFamily
@@ -31,6 +50,10 @@ needs_uid = pytest.mark.skipif(not LAYERS["unprivileged_uid"],
                                reason="not root here: no unprivileged uid to drop to")
 needs_netns = pytest.mark.skipif(not LAYERS["network_namespace"],
                                  reason="`unshare -n` does not work here")
+needs_pidns = pytest.mark.skipif(not LAYERS["pid_namespace"],
+                                 reason="`unshare -p` does not work here")
+needs_kernel = pytest.mark.skipif(not LAYERS["seccomp"],
+                                  reason=f"no kernel filter here: {kernel_layers()['why']}")
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +200,12 @@ HOSTILE = {
     "too many files": ("for i in range(100):\n    open(f'f{i}', 'w').close()", "file limit"),
     "huge file": ("with open('big', 'wb') as f:\n    for _ in range(10):\n"
                   "        f.write(bytes(10 ** 6))", "file size limit (4 MB)"),
+    "blocked module under a package name": (  # `_imp.create_dynamic` names it anything
+        "import _imp, _frozen_importlib_external as ext\n"
+        "so = '/nonexistent/_posixsubprocess.so'\n"
+        "loader = ext.ExtensionFileLoader('x._posixsubprocess', so)\n"
+        "_imp.create_dynamic(ext.spec_from_file_location('x._posixsubprocess', so, "
+        "loader=loader))", "blocked: starting or signalling a process (import x._posixsubprocess)"),
 }
 
 
@@ -186,6 +215,195 @@ def test_hostile_program_is_refused(python: Python, name: str) -> None:
     with pytest.raises(ToolFailure) as info:
         python(code=code)
     assert reason in str(info.value)
+
+
+# -- the same list, and escapes past the audit hook, in both modes -----------------------------
+
+# How each mode runs a batch of programs: a driver script (standard library only) that loads a
+# copy of sandbox.py, runs each case, and reports the result with what could be seen from
+# outside: whether the case's `sleep` target survived and whether its target path appeared.
+_DRIVER = r"""
+import dataclasses, importlib.util, json, os, subprocess, sys, time
+spec = importlib.util.spec_from_file_location("sandbox_copy", sys.argv[1])
+sandbox = sys.modules["sandbox_copy"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+sleeper_prefix = json.loads(sys.argv[2])
+results = {}
+for key, case in json.load(sys.stdin).items():
+    sleeper = subprocess.Popen([*sleeper_prefix, "sleep", "30"]) if case["sleeper"] else None
+    code = case["code"].replace("SLEEPER", str(sleeper.pid) if sleeper else "0")
+    result = sandbox.run_python(code, sandbox.SandboxLimits(**case["limits"]),
+                                audit_hook=case["audit_hook"])
+    time.sleep(case["wait_s"])  # for anything the program left behind to act
+    found = dataclasses.asdict(result)
+    found["sleeper_alive"] = sleeper is not None and sleeper.poll() is None
+    found["target_exists"] = bool(case["target"]) and os.path.lexists(case["target"])
+    if found["target_exists"]:
+        os.remove(case["target"])
+    if sleeper is not None:
+        sleeper.kill()
+        sleeper.wait()
+    results[key] = found
+print(json.dumps(results))
+"""
+_NOBODY = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+def _nobody_python() -> str | None:
+    """An interpreter `nobody` can run: ours, unless it lives under a private directory (as
+    under /root here), else the system's."""
+    # The sandbox starts `sys.executable` again: check that too (here `nobody` gets an
+    # interpreter through the venv's link to /root, yet cannot start that link itself).
+    check = "import subprocess, sys; subprocess.run([sys.executable, '-c', ''], check=True)"
+    for exe in (sys.executable, "/usr/bin/python3"):
+        probe = subprocess.run([*_NOBODY, exe, "-I", "-c", check], capture_output=True, cwd="/")
+        if probe.returncode == 0:
+            return exe
+    return None
+
+
+def _mode_skip_reason(mode: str) -> str | None:
+    if mode == "user":
+        return None
+    if os.geteuid() != 0:
+        return "not root: cannot drop to nobody for the second mode"
+    if shutil.which("setpriv") is None:
+        return "setpriv (util-linux) is absent"
+    if _nobody_python() is None:
+        return "no Python interpreter here that nobody may run"
+    return None
+
+
+MODES = ["user", "nobody"]
+_SECRET = Path(tempfile.gettempdir()) / f"sentinel-secret-{uuid.uuid4().hex}"
+
+
+def _target() -> str:
+    return str(Path(tempfile.gettempdir()) / f"sentinel-pwned-{uuid.uuid4().hex}")
+
+
+def _posixsubprocess_file() -> str:
+    """Where this interpreter keeps `_posixsubprocess` when it is not built in."""
+    import _posixsubprocess
+
+    return getattr(_posixsubprocess, "__file__", "/nonexistent/_posixsubprocess.so")
+
+
+_FORK_EXEC = (  # the issue's escape: no import event, then a detached child that writes later
+    "import _imp, os\n"
+    "import _frozen_importlib as boot, _frozen_importlib_external as ext\n"
+    "ps = _imp.create_builtin(boot.ModuleSpec('_posixsubprocess', boot.BuiltinImporter))\n"
+    "if ps is None:  # an extension module in this build\n"
+    "    so = SO\n"
+    "    loader = ext.ExtensionFileLoader('x._posixsubprocess', so)\n"
+    "    ps = _imp.create_dynamic(ext.spec_from_file_location('x._posixsubprocess', so,\n"
+    "                                                         loader=loader))\n"
+    "r, w = os.pipe()\n"
+    "ps.fork_exec([b'/bin/sh', b'-c', b'sleep 0.5; echo pwned > TARGET'], [b'/bin/sh'], True,\n"
+    "             (w,), None, None, -1, -1, -1, -1, -1, -1, r, w, True, True, -1, None, None,\n"
+    "             -1, -1, None, False)\n"
+    "print('started')\n"
+)
+
+# Escapes past the audit hook (the issue's three classes, then ours): (code, what the host
+# must not see: 'target' appears, 'sleeper' killed, 'stdout' with SECRET or 'reached').
+ESCAPES = {
+    "fork_exec with setsid": (_FORK_EXEC, "target"),
+    "pidfd_send_signal to a process": (
+        "import os, _signal\n_signal.pidfd_send_signal(os.pidfd_open(SLEEPER), 9)\n"
+        "print('reached')", "sleeper"),
+    "pidfd to the parent": (
+        "import os, _signal\n_signal.pidfd_send_signal(os.pidfd_open(os.getppid()), 0)\n"
+        "print('reached')", "stdout"),
+    "mkfifo outside": ("import os\nos.mkfifo('TARGET')", "target"),
+    "mknod outside": ("import os\nos.mknod('TARGET')", "target"),
+    "mknod past the file cap": (
+        "import os\nfor i in range(200):\n    os.mknod(f'n{i}')\nprint('reached')", "stdout"),
+    "kill a process": ("import os\nos.kill(SLEEPER, 9)\nprint('reached')", "sleeper"),
+    "kill through ctypes": ("import ctypes\nctypes.CDLL(None).kill(SLEEPER, 9)\nprint('reached')",
+                            "sleeper"),
+    "fork, setsid and write later": (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(0.5)\n"
+        "    open('TARGET', 'w').write('pwned')\n    os._exit(0)\nprint('reached')", "target"),
+    "write outside": ("open('TARGET', 'w').write('pwned')", "target"),
+    "read a world-readable file": ("print(open('SECRET').read())", "stdout"),
+    "socket": ("import socket\nsocket.socket().connect(('127.0.0.1', 9))\nprint('reached')",
+               "stdout"),
+}
+
+
+def _escape_case(name: str, audit_hook: bool) -> dict:
+    code, watch = ESCAPES[name]
+    target = _target() if watch == "target" else ""
+    code = code.replace("TARGET", target).replace("SECRET", str(_SECRET))
+    code = code.replace("SO", repr(_posixsubprocess_file()))
+    return {"code": code, "audit_hook": audit_hook, "sleeper": watch == "sleeper",
+            "target": target, "wait_s": 1.5 if watch == "target" else 0.0,
+            "limits": {"timeout_s": FAST.timeout_s}}
+
+
+@functools.cache
+def _mode_results(mode: str) -> dict[str, dict]:
+    """Every HOSTILE program (audit hook on) and every ESCAPE (hook on and off) run once in
+    `mode`, keyed `hostile:NAME` / `escape:NAME:hook` / `escape:NAME:nohook`."""
+    cases = {f"hostile:{name}": {"code": code, "audit_hook": True, "sleeper": False,
+                                 "target": "", "wait_s": 0.0,
+                                 "limits": {"timeout_s": FAST.timeout_s}}
+             for name, (code, _) in HOSTILE.items()}
+    for name in ESCAPES:
+        cases[f"escape:{name}:hook"] = _escape_case(name, True)
+        cases[f"escape:{name}:nohook"] = _escape_case(name, False)
+    _SECRET.write_text("hunter2-world-readable")
+    _SECRET.chmod(0o644)
+    folder = Path(tempfile.mkdtemp(prefix="sentinel-sandbox-test-"))
+    try:
+        folder.chmod(0o755)  # readable by nobody, unlike pytest's tmp_path
+        copy = folder / "sandbox.py"
+        shutil.copy(sandbox.__file__, copy)
+        copy.chmod(0o644)
+        drop = _NOBODY if mode == "nobody" else []
+        # The sleeper has the sandboxed program's uid, so only the sandbox can keep it alive.
+        sleeper_prefix = _NOBODY if mode == "user" and os.geteuid() == 0 else []
+        exe = _nobody_python() if mode == "nobody" else sys.executable
+        done = subprocess.run([*drop, exe, "-I", "-c", _DRIVER, str(copy),
+                               json.dumps(sleeper_prefix)],
+                              input=json.dumps(cases), capture_output=True, text=True,
+                              cwd="/", timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+    finally:
+        shutil.rmtree(folder)
+        _SECRET.unlink()
+
+
+def _results(mode: str) -> dict[str, dict]:
+    reason = _mode_skip_reason(mode)
+    if reason is not None:
+        pytest.skip(reason)
+    return _mode_results(mode)
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_program_is_refused_as_nobody(name: str) -> None:
+    """The whole hostile list, run by a user who is not root (no uid drop)."""
+    found = _results("nobody")[f"hostile:{name}"]
+    assert HOSTILE[name][1] in found["reason"], found
+
+
+@pytest.mark.parametrize("audit_hook", [True, False], ids=["hook", "nohook"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_escape_is_contained(name: str, mode: str, audit_hook: bool) -> None:
+    """Each escape is refused and leaves no trace on the host, with the audit hook and (the
+    kernel layers alone) without it."""
+    found = _results(mode)[f"escape:{name}:{'hook' if audit_hook else 'nohook'}"]
+    watch = ESCAPES[name][1]
+    assert not found["target_exists"], found
+    assert watch != "sleeper" or found["sleeper_alive"], found
+    assert "reached" not in found["stdout"] and "hunter2" not in found["stdout"], found
+    assert found["status"] != "ok", found
+    if audit_hook:
+        assert found["status"] == "blocked", found
 
 
 def test_timeout_is_flagged_as_a_timeout(python: Python) -> None:
@@ -226,13 +444,14 @@ def test_no_connection_reaches_localhost(python: Python) -> None:
             server.accept()  # nobody connected
 
 
-# -- the kernel layers hold on their own (audit hook off) --------------------------------------
+# -- each layer holds on its own (audit hook off) ----------------------------------------------
 
 
 @needs_uid
 def test_fork_count_is_capped_and_children_are_killed() -> None:
-    """A bounded fork bomb (50 forks, children sleep) without the audit hook: RLIMIT_NPROC on
-    the unprivileged uid stops it, and the process-group kill leaves nothing running."""
+    """A bounded fork bomb (50 forks, children sleep) without the audit hook and the kernel
+    filter: RLIMIT_NPROC on the unprivileged uid stops it, and the process-group kill leaves
+    nothing running."""
     code = (
         "import os, time\n"
         "children = []\n"
@@ -250,7 +469,7 @@ def test_fork_count_is_capped_and_children_are_killed() -> None:
         "print(os.getuid(), *children)\n"
     )
     limits = SandboxLimits(timeout_s=5.0, max_processes=8)
-    result = run_python(code, limits, audit_hook=False)
+    result = run_python(code, limits, audit_hook=False, kernel_layer=False)
     assert result.status == "ok", result
     uid, *children = map(int, result.stdout.split())
     assert uid != 0
@@ -262,19 +481,67 @@ def test_fork_count_is_capped_and_children_are_killed() -> None:
 def test_unprivileged_uid_cannot_read_a_private_run_dir(run_dir: Path) -> None:
     run_dir.chmod(0o700)
     result = run_python(f"print(open({str(run_dir / 'secret.txt')!r}).read())", FAST,
-                        audit_hook=False)
+                        audit_hook=False, kernel_layer=False)
     assert result.status == "error" and "Permission denied" in result.reason
     assert "hunter2" not in result.stdout
 
 
 @needs_netns
 def test_network_namespace_has_only_a_loopback() -> None:
-    result = run_python("print(open('/proc/self/net/dev').read())", FAST, audit_hook=False)
+    # Without the kernel filter, whose Landlock rules keep /proc unreadable.
+    result = run_python("print(open('/proc/self/net/dev').read())", FAST, audit_hook=False,
+                        kernel_layer=False)
     assert result.status == "ok", result
     interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines()[2:] if line]
     assert interfaces == ["lo"]
     host = Path("/proc/self/net/dev").read_text().splitlines()[2:]
     assert len(host) > 1  # the host has more: the namespace really is a different one
+
+
+@needs_pidns
+def test_pid_namespace_hides_the_host() -> None:
+    result = run_python("import os\nprint(os.getpid(), os.getppid())", FAST, audit_hook=False)
+    assert result.status == "ok", result
+    assert result.stdout.split() == ["1", "0"]  # init of its own namespace; no parent visible
+
+
+@needs_kernel
+def test_kernel_filter_lets_threads_and_the_toolbox_run() -> None:
+    """The filter kills a clone that starts a process, not one that starts a thread; the
+    Landlock rules still let the standard library load lazily (hashlib, decimal)."""
+    code = (
+        "import _thread, hashlib, decimal\n"
+        "done = _thread.allocate_lock()\n"
+        "done.acquire()\n"
+        "_thread.start_new_thread(lambda: (print('thread'), done.release()), ())\n"
+        "done.acquire()\n"
+        "print(hashlib.sha256(b'x').hexdigest()[:8], decimal.Decimal(1) / 8)"
+    )
+    result = run_python(code, FAST, audit_hook=False)
+    assert result.status == "ok", result
+    assert result.stdout.split() == ["thread", "2d711642", "0.125"]
+
+
+@needs_kernel
+def test_kernel_filter_kills_a_fork_without_the_hook() -> None:
+    result = run_python("import os\nos.fork()\nprint('forked')", FAST, audit_hook=False)
+    assert (result.status, result.reason) == (
+        "blocked", "blocked: a system call the kernel filter forbids (SIGSYS)")
+    assert "forked" not in result.stdout
+
+
+def test_no_kernel_filter_is_refused_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine without seccomp (simulated: the probe's answer replaced, as no such kernel is
+    at hand) gets a clear refusal, or with the opt-in the layers without the kernel filter."""
+    absent = {"seccomp": False, "landlock_abi": 0, "why": "no seccomp in this kernel"}
+    monkeypatch.setattr(sandbox, "kernel_layers", lambda: absent)
+    with pytest.raises(SandboxUnavailable, match="no seccomp in this kernel"):
+        run_python("print(1)", FAST)
+    allowed = SandboxLimits(timeout_s=FAST.timeout_s, allow_without_kernel_layer=True)
+    code = ("import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\n"
+            "print('forked')")
+    result = run_python(code, allowed, audit_hook=False)
+    assert (result.status, result.stdout) == ("ok", "forked\n")  # no seccomp filter was installed
 
 
 # -- through the environment -------------------------------------------------------------------

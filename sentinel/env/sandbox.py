@@ -11,8 +11,10 @@ promise. Layers, outermost first:
    that is removed afterwards. The parent enforces a wall-clock timeout and an output cap, and
    kills the whole process group (before reaping the leader, so the group id cannot have been
    reused) whatever happens.
-2. **Network namespace**: when `unshare -n` works here (root or CAP_SYS_ADMIN), the child runs in
-   an empty network namespace: not even loopback is up.
+2. **Namespaces** (`unshare`): a new network, PID and IPC namespace (plus a user namespace when
+   we are not root), with `--kill-child`, so killing the group kills the namespace's init and
+   the kernel then kills everything inside it, even a process that left the group. Where the
+   kernel refuses, the network namespace alone (root), or none.
 3. **Resource limits** (`setrlimit`, set by the child's own bootstrap before any model code runs,
    not in a `preexec_fn`, which is unsafe in a multi-threaded parent such as a torch process):
    CPU seconds, address space (memory), file size, open files, no core dumps.
@@ -22,16 +24,28 @@ promise. Layers, outermost first:
    trees) are unreadable and root-owned places unwritable. As `nobody` the interpreter's own
    standard library (under /root here) is unreadable, so only `TOOLBOX` and modules already
    loaded can be imported.
-5. **Audit hook** (`sys.addaudithook`, cannot be removed once installed): blocks sockets,
-   starting or signalling processes, ctypes and native code from outside the standard
-   library, importing `BLOCKED_MODULES`, reading files outside the working directory and the
+5. **Kernel filter** (the boundary for a user who is not root; no privilege needed): a seccomp
+   filter that kills the program on any system call that starts a process (fork, vfork, clone
+   without CLONE_THREAD, exec), signals or inspects another process (kill/tgkill/sigqueue
+   beyond itself, pidfd_*, ptrace, process_vm_*), makes a device or FIFO node, a socket, a
+   session or process group, a namespace or mount, or uses io_uring, bpf, keyrings and the like;
+   and a Landlock ruleset (where the kernel has Landlock) that allows reading only the working
+   directory and the standard library and writing only the working directory, and (ABI >= 4,
+   >= 6) no TCP and no signals out of the sandbox. `kernel_layers()` says what this machine has.
+   Without seccomp, `run_python` refuses to run (`SandboxUnavailable`) unless
+   `SandboxLimits.allow_without_kernel_layer` is set.
+6. **Audit hook** (`sys.addaudithook`, cannot be removed once installed; defence in depth, as
+   CPython documents hooks as no security boundary): blocks sockets, starting or signalling
+   processes, ctypes and native code from outside the standard library, importing
+   `BLOCKED_MODULES` (under any package name), reading files outside the working directory and the
    standard library, writing or listing outside the working directory, links and permission
    changes, and the introspection that could reach the hook (tracing, `gc` referrers). The
    first blocked event ends the program at once (`os._exit` with a code naming the category),
    so model code cannot catch the refusal and carry on.
 
 Simplifications: one program per interpreter (no state across calls); the result is what the
-program printed, not the value of a last expression; ~0.1 s of start-up per call.
+program printed, not the value of a last expression; interpreter start-up dominates the cost
+of a call (benchmarks/sandbox.py).
 """
 
 from __future__ import annotations
@@ -62,10 +76,11 @@ EXIT_BLOCKED = {
     96: "blocked: native code",
     97: "blocked: introspection of the sandbox",
 }
-EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_FILES = 81, 82, 83
+EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_FILES, EXIT_SETUP = 81, 82, 83, 84
 _NETWORK, _PROCESS, _READ, _WRITE, _IMPORT, _NATIVE, _INTROSPECT = range(91, 98)
 
-# Top-level modules whose import ends the program, with the exit code that says why.
+# Modules whose import (as any component of a dotted name) ends the program, with the exit
+# code that says why.
 BLOCKED_MODULES = {
     **dict.fromkeys(("_socket", "_ssl", "asyncio", "ftplib", "http", "smtplib", "socket",
                      "socketserver", "ssl", "telnetlib", "webbrowser", "xmlrpc"), _NETWORK),
@@ -101,10 +116,18 @@ class CodeRejected(ValueError):
     """The code cannot be run at all (not a string, too long, NUL bytes, not UTF-8)."""
 
 
+class SandboxUnavailable(RuntimeError):
+    """This machine lacks the kernel filter (seccomp) and the limits do not allow running
+    without it."""
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """Limits of one run. `max_processes` applies only under the unprivileged uid (RLIMIT_NPROC
-    is per user and ignored for root); `max_files` caps files and directories created."""
+    is per user and ignored for root); `max_files` caps files and directories created.
+    `allow_without_kernel_layer` lets `run_python` run where the seccomp filter is unavailable,
+    with the audit hook as the last layer for a user who is not root (docs/reliability.md says
+    what then does not hold); by default such a machine gets `SandboxUnavailable`."""
 
     timeout_s: float = 2.0
     memory_mb: int = 256
@@ -114,6 +137,7 @@ class SandboxLimits:
     max_files: int = 64
     max_open_files: int = 32
     max_processes: int = 16
+    allow_without_kernel_layer: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,32 +170,74 @@ def _unprivileged_ids() -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
-def _unshare_net() -> list[str]:
-    """`[unshare, -n, --]` when an empty network namespace can be made here, else `[]`."""
+def _unshare(kernel_layer: bool) -> tuple[str, ...]:
+    """The `unshare ... --` command prefix: with `kernel_layer`, the first of (user,) network,
+    PID and IPC namespaces with `--kill-child`, else the network namespace alone (root), that
+    works here; without it the network namespace alone (the layers before the kernel filter);
+    `()` when none works."""
     import shutil
     import subprocess
 
     exe = shutil.which("unshare")
     if exe is None:
-        return []
-    probe = subprocess.run([exe, "-n", "--", "true"], capture_output=True, timeout=10)
-    return [exe, "-n", "--"] if probe.returncode == 0 else []
+        return ()
+    candidates = [[exe, "-n", "--"]] if os.geteuid() == 0 else []
+    if kernel_layer:
+        user = [] if os.geteuid() == 0 else ["-U"]
+        candidates.insert(0, [exe, *user, "-n", "-p", "-i", "--fork", "--kill-child", "--"])
+    for prefix in candidates:
+        probe = subprocess.run([*prefix, "true"], capture_output=True, timeout=10)
+        if probe.returncode == 0:
+            return tuple(prefix)
+    return ()
+
+
+def _child_command(config: dict[str, Any], prefix: tuple[str, ...]) -> list[str]:
+    import json
+
+    return [*prefix, sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(config)]
 
 
 @functools.cache
-def _probe() -> tuple[tuple[int, int] | None, tuple[str, ...]]:
-    """(uid/gid to drop to, command prefix for a network namespace), probed once per process."""
-    return _unprivileged_ids(), tuple(_unshare_net())
+def kernel_layers() -> dict[str, Any]:
+    """What the kernel filter can use here, found by running the child's own set-up once in a
+    throw-away child: `{"seccomp": bool, "landlock_abi": int (0: none), "why": str}`."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sentinel-sandbox-probe-") as workdir:
+        probe = subprocess.run(_child_command({"probe": True, "workdir": workdir}, ()),
+                               capture_output=True, text=True, timeout=30, cwd=workdir,
+                               env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
+    try:
+        found = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"seccomp": False, "landlock_abi": 0,
+                "why": f"the probe failed: {probe.stderr.strip()[-300:]}"}
+    return found
+
+
+@functools.cache
+def _probe(kernel_layer: bool) -> tuple[tuple[int, int] | None, tuple[str, ...]]:
+    """(uid/gid to drop to, namespace command prefix), probed once per process."""
+    return _unprivileged_ids(), _unshare(kernel_layer)
 
 
 def available_layers() -> dict[str, bool]:
-    """Which layers work on this machine (layers 2 and 4 are optional)."""
-    ids, unshare = _probe()
+    """Which layers work on this machine (all but process, rlimits and audit hook may be
+    missing)."""
+    ids, unshare = _probe(True)
+    kernel = kernel_layers()
     return {
         "process": True,
-        "network_namespace": bool(unshare),
+        "network_namespace": "-n" in unshare,
+        "pid_namespace": "-p" in unshare,
+        "user_namespace": "-U" in unshare,
         "rlimits": True,
         "unprivileged_uid": ids is not None,
+        "seccomp": kernel["seccomp"],
+        "landlock": kernel["landlock_abi"] > 0,
         "audit_hook": True,
     }
 
@@ -257,8 +323,12 @@ def _classify(rc: int, stderr: str, limits: SandboxLimits) -> tuple[Status, str]
         return "limit", f"file limit ({limits.max_files} files, {limits.max_open_files} open)"
     if rc == EXIT_ERROR:
         return "error", _last_line(stderr) or "the program failed"
+    if rc == EXIT_SETUP:
+        return "crashed", "sandbox set-up failed" + (f" ({detail})" if detail else "")
     if rc < 0:
         sig = -rc
+        if sig == signal.SIGSYS:
+            return "blocked", "blocked: a system call the kernel filter forbids (SIGSYS)"
         if sig == signal.SIGXCPU:
             return "timeout", f"cpu time limit ({_cpu_seconds(limits)} s)"
         if "MemoryError" in stderr or "Cannot allocate memory" in stderr:
@@ -273,11 +343,12 @@ def _cpu_seconds(limits: SandboxLimits) -> int:
 
 
 def run_python(code: str, limits: SandboxLimits | None = None, *,
-               audit_hook: bool = True) -> SandboxResult:
+               audit_hook: bool = True, kernel_layer: bool = True) -> SandboxResult:
     """Run `code` in the sandbox and report what happened; never raises for anything the code
-    does (only `CodeRejected` for code that cannot be run at all). `audit_hook=False` turns off
-    layer 5, only so tests can show that the layers beneath it hold on their own."""
-    import json
+    does (only `CodeRejected` for code that cannot be run at all, and `SandboxUnavailable` on a
+    machine without seccomp unless `limits.allow_without_kernel_layer`). `audit_hook=False`
+    turns off layer 6 and `kernel_layer=False` layer 5 with the PID, IPC and user namespaces,
+    only so tests can show what each holds on its own and the benchmark can time them."""
     import shutil
     import subprocess
     import tempfile
@@ -285,7 +356,13 @@ def run_python(code: str, limits: SandboxLimits | None = None, *,
 
     limits = limits or SandboxLimits()
     check_code(code, limits)
-    ids, unshare = _probe()
+    kernel = kernel_layers() if kernel_layer else {"seccomp": False, "landlock_abi": 0}
+    if kernel_layer and not kernel["seccomp"] and not limits.allow_without_kernel_layer:
+        raise SandboxUnavailable(
+            f"the python tool's sandbox needs the kernel filter (seccomp), unavailable here: "
+            f"{kernel['why']}; SandboxLimits(allow_without_kernel_layer=True) runs it with the "
+            "audit hook as the last layer (docs/reliability.md says what then does not hold)")
+    ids, unshare = _probe(kernel_layer)
     workdir = os.path.realpath(tempfile.mkdtemp(prefix="sentinel-sandbox-"))
     try:
         code_path = os.path.join(workdir, "snippet.py")
@@ -298,9 +375,9 @@ def run_python(code: str, limits: SandboxLimits | None = None, *,
             "cpu_s": _cpu_seconds(limits), "memory_mb": limits.memory_mb,
             "max_file_mb": limits.max_file_mb, "max_files": limits.max_files,
             "max_open_files": limits.max_open_files, "max_processes": limits.max_processes,
+            "seccomp": kernel["seccomp"], "landlock_abi": kernel["landlock_abi"],
         }
-        command = [*unshare, sys.executable, "-I", "-S", os.path.abspath(__file__),
-                   json.dumps(config)]
+        command = _child_command(config, unshare)
         env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8", "TMPDIR": workdir}
         start = time.monotonic()
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -408,9 +485,13 @@ def _make_hook(workdir: str, read_roots: tuple[str, ...], max_files: int) -> Any
             deny(process, event)
         elif event == "import":
             name, filename = args[0], args[1]
-            top = split(name, ".")[0] if typeof(name) is exact_str else None
+            if typeof(name) is not exact_str:
+                deny(native, "import under a name that is not a plain str")
+            # Every component: `_imp.create_dynamic` loads an extension under any package
+            # name (`x._posixsubprocess`), and its init function is named by the last one.
+            parts = split(name, ".")
             for blocked, code in blocked_modules:
-                if top == blocked:
+                if blocked in parts:
                     deny(code, f"import {name}")
             if filename is not None and not inside(resolve(filename), read_roots):
                 deny(native, "extension module from outside the standard library")
@@ -439,6 +520,203 @@ def _make_hook(workdir: str, read_roots: tuple[str, ...], max_files: int) -> Any
     return hook
 
 
+# The seccomp filter (x86_64 system call numbers). Denied outright: starting a process, reaching
+# another process, device/FIFO nodes, sockets, leaving the session or process group, namespaces
+# and mounts, and kernel interfaces a program never needs (io_uring would run its own opens and
+# sockets past the filter).
+_DENIED_SYSCALLS = (
+    57, 58, 59, 322,  # fork, vfork, execve, execveat
+    200, 434, 424, 438, 310, 311, 440, 101, 312,  # tkill, pidfd_open/send_signal/getfd,
+    # process_vm_readv/writev, process_madvise, ptrace, kcmp
+    133, 259, 41, 53, 112, 109,  # mknod, mknodat, socket, socketpair, setsid, setpgid
+    165, 166, 155, 161, 272, 308, 428, 429, 430, 431, 432, 433, 442,  # mount, umount2,
+    # pivot_root, chroot, unshare, setns, open_tree, move_mount, fsopen/config/mount/pick,
+    # mount_setattr
+    321, 298, 250, 248, 249, 323, 425, 426, 427,  # bpf, perf_event_open, keyctl, add_key,
+    # request_key, userfaultfd, io_uring_setup/enter/register
+    246, 320, 175, 313, 176, 169, 167, 168, 163, 179, 103,  # kexec_load/file_load,
+    # init/finit/delete_module, reboot, swapon/off, acct, quotactl, syslog
+    304, 303, 300, 29, 30, 68, 64, 240,  # open_by_handle_at, name_to_handle_at, fanotify_init,
+    # shmget, shmat, msgget, semget, mq_open
+)
+# Allowed only on the program itself: (number, argument holding the pid, (argument, value)
+# that must hold first or None). A pid of 0 means the caller (its own group, for kill).
+_SELF_ONLY_SYSCALLS = (
+    (62, 0, None), (234, 0, None), (129, 0, None), (297, 0, None),  # kill, tgkill,
+    # rt_sigqueueinfo, rt_tgsigqueueinfo
+    (302, 0, None), (203, 0, None), (144, 0, None), (142, 0, None), (314, 0, None),  # prlimit64,
+    # sched_setaffinity/setscheduler/setparam/setattr
+    (256, 0, None), (279, 0, None), (274, 0, None),  # migrate_pages, move_pages, get_robust_list
+    (141, 1, (0, 0)), (251, 1, (0, 1)),  # setpriority(PRIO_PROCESS, ..), ioprio_set(WHO_PROCESS)
+)
+_SYS_CLONE, _SYS_CLONE3, _SYS_IOCTL = 56, 435, 16
+_CLONE_THREAD = 0x10000
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C  # push input into / control a terminal
+_AUDIT_ARCH_X86_64 = 0xC000003E
+
+
+def _seccomp_program(self_pid: int) -> bytes:
+    """The classic-BPF seccomp program: kill the whole process on a denied call, ENOSYS for
+    clone3 (whose flags a filter cannot read; the C library then falls back to clone, whose
+    flags it can: threads stay allowed), allow the rest. Raises OSError off x86_64."""
+    import errno
+    import struct
+
+    if os.uname().machine != "x86_64":
+        raise OSError(f"the seccomp filter is written for x86_64, not {os.uname().machine}")
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    kill, allow, enosys = 0x80000000, 0x7FFF0000, 0x00050000 | errno.ENOSYS
+
+    def arg(n: int) -> int:  # offset of the low 32 bits of argument n in seccomp_data
+        return 16 + 8 * n
+
+    prog: list[tuple[int, int | str, int | str, int]] = []
+    labels: dict[str, int] = {}
+
+    def emit(code: int, k: int, jt: int | str = 0, jf: int | str = 0) -> None:
+        prog.append((code, jt, jf, k))
+
+    emit(ld, 4)  # arch: a call through another ABI (i386, x32) is killed
+    emit(jeq, _AUDIT_ARCH_X86_64, 0, "kill")
+    emit(ld, 0)  # the system call number
+    emit(jge, 0x40000000, "kill", 0)
+    for nr in _DENIED_SYSCALLS:
+        emit(jeq, nr, "kill", 0)
+    emit(jeq, _SYS_CLONE3, "enosys", 0)
+    emit(jeq, _SYS_CLONE, 0, "after_clone")
+    emit(ld, arg(0))
+    emit(jset, _CLONE_THREAD, "allow", "kill")
+    labels["after_clone"] = len(prog)
+    emit(jeq, _SYS_IOCTL, 0, "after_ioctl")
+    emit(ld, arg(1))
+    emit(jeq, _TIOCSTI, "kill", 0)
+    emit(jeq, _TIOCLINUX, "kill", "allow")
+    labels["after_ioctl"] = len(prog)
+    for i, (nr, pid_arg, first) in enumerate(_SELF_ONLY_SYSCALLS):
+        emit(jeq, nr, 0, f"after_{i}")
+        if first is not None:
+            emit(ld, arg(first[0]))
+            emit(jeq, first[1], 0, "kill")
+        emit(ld, arg(pid_arg))
+        emit(jeq, 0, "allow", 0)
+        emit(jeq, self_pid, "allow", "kill")
+        labels[f"after_{i}"] = len(prog)
+        if i + 1 < len(_SELF_ONLY_SYSCALLS):
+            emit(ld, 0)  # the number again, for the next test
+    emit(ret, allow)
+    labels["allow"] = len(prog)
+    emit(ret, allow)
+    labels["kill"] = len(prog)
+    emit(ret, kill)
+    labels["enosys"] = len(prog)
+    emit(ret, enosys)
+
+    def offset(at: int, target: int | str) -> int:
+        jump = target if isinstance(target, int) else labels[target] - at - 1
+        assert 0 <= jump < 256, "a BPF jump reaches at most 255 instructions ahead"
+        return jump
+
+    return b"".join(struct.pack("=HBBI", code, offset(i, jt), offset(i, jf), k)
+                    for i, (code, jt, jf, k) in enumerate(prog))
+
+
+# Landlock access rights (linux/landlock.h): file system bits by ABI version, TCP, scopes.
+_LL_READ_FILE, _LL_READ_DIR = 1 << 2, 1 << 3
+_LL_FS_BITS_BY_ABI = {1: 13, 2: 14, 3: 15, 4: 15, 5: 16}
+
+
+def _landlock_ruleset(syscall: Any, workdir: str, read_roots: tuple[str, ...],
+                      abi: int) -> int:
+    """A Landlock ruleset fd: everything in `workdir`, reading `read_roots`, nothing else on
+    the file system; no TCP (ABI >= 4); no signals or abstract sockets out (ABI >= 6). Made
+    before the uid drop, while the roots can still be opened."""
+    import ctypes
+    import struct
+
+    fs = (1 << _LL_FS_BITS_BY_ABI.get(abi, 16)) - 1
+    attr = struct.pack("=QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    ruleset = syscall(444, ctypes.c_char_p(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    for root, access in ((workdir, fs), *((r, _LL_READ_FILE | _LL_READ_DIR) for r in read_roots)):
+        try:
+            fd = os.open(root, os.O_PATH | os.O_CLOEXEC)
+        except OSError:  # a sys.path entry that does not exist (python311.zip)
+            continue
+        try:
+            if not os.path.isdir(root):
+                access &= _LL_READ_FILE  # a file takes file rights only
+            rule = struct.pack("=Qi", access, fd)
+            if syscall(445, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule),
+                       ctypes.c_uint32(0)) < 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule {root!r} failed")
+        finally:
+            os.close(fd)
+    return ruleset
+
+
+def _prepare_kernel_layer(workdir: str, read_roots: tuple[str, ...],
+                          landlock_abi: int) -> Any:
+    """Load what the kernel filter needs while the standard library is still readable (before
+    the uid drop) and return `lock()`, which sets no_new_privs, enters the Landlock ruleset and
+    installs the seccomp filter; both raise OSError on failure."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    ruleset = _landlock_ruleset(libc.syscall, workdir, read_roots, landlock_abi) \
+        if landlock_abi > 0 else None
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+    ulong = ctypes.c_ulong
+
+    def lock() -> None:
+        if libc.prctl(38, ulong(1), ulong(0), ulong(0), ulong(0)) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+        if ruleset is not None:
+            if libc.syscall(446, ctypes.c_int(ruleset), ctypes.c_uint32(0)) < 0:
+                raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+            os.close(ruleset)
+        program = _seccomp_program(os.getpid())
+        buffer = ctypes.create_string_buffer(program, len(program))
+        fprog = SockFprog(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+        # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        if libc.prctl(22, ulong(2), ctypes.byref(fprog), ulong(0), ulong(0)) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+    return lock
+
+
+def _probe_kernel_layer(workdir: str) -> dict[str, Any]:
+    """Install the kernel filter in this (throw-away) process and say what worked."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = max(int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))), 0)
+    found: dict[str, Any] = {"seccomp": False, "landlock_abi": abi, "why": ""}
+    read_roots = tuple(os.path.realpath(p) for p in sys.path if p)
+    try:
+        _prepare_kernel_layer(workdir, read_roots, abi)()
+    except OSError as exc:
+        if abi == 0:
+            found["why"] = str(exc)
+            return found
+        found["landlock_abi"], found["why"] = 0, f"Landlock ABI {abi} failed: {exc}"
+        try:  # the seccomp filter alone, then
+            _prepare_kernel_layer(workdir, read_roots, 0)()
+        except OSError as exc2:
+            found["why"] += f"; {exc2}"
+            return found
+    if abi == 0:
+        found["why"] = "no Landlock in this kernel"
+    found["seccomp"] = True
+    return found
+
+
 def _summary(exc: BaseException, code_path: str) -> str:
     """`line N: Type: message` for an exception raised by the program."""
     line = None
@@ -464,6 +742,9 @@ def _child_main(config_json: str) -> None:
     import resource
 
     config = json.loads(config_json)
+    if config.get("probe"):
+        print(json.dumps(_probe_kernel_layer(config["workdir"])))
+        return
     mb = 1024 * 1024
     limits = {
         resource.RLIMIT_CPU: (config["cpu_s"], config["cpu_s"] + 1),
@@ -480,18 +761,34 @@ def _child_main(config_json: str) -> None:
         __import__(name)
     with open(config["code_path"], encoding="utf-8") as f:
         source = f.read()
+    read_roots = tuple(os.path.realpath(p) for p in sys.path if p)
+    lock = None
+    if config["seccomp"]:
+        try:
+            lock = _prepare_kernel_layer(config["workdir"], read_roots, config["landlock_abi"])
+        except OSError as exc:
+            os.write(2, f"\nsandbox: {exc}\n".encode())
+            os._exit(EXIT_SETUP)
     if config["ids"] is not None:
         uid, gid = config["ids"]
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
+    if lock is not None:
+        try:
+            lock()
+        except OSError as exc:
+            os.write(2, f"\nsandbox: {exc}\n".encode())
+            os._exit(EXIT_SETUP)
+        del lock
+        for name in [m for m in sys.modules if m.split(".")[0] in ("ctypes", "_ctypes")]:
+            del sys.modules[name]  # model code imports them afresh, past the audit hook's check
     del sys.modules["resource"]
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(encoding="utf-8", errors="backslashreplace")
     exit_now, write = os._exit, os.write
     stdout, stderr = sys.stdout, sys.stderr
     if config["audit_hook"]:
-        read_roots = tuple(os.path.realpath(p) for p in sys.path if p)
         sys.addaudithook(_make_hook(config["workdir"], read_roots, config["max_files"]))
     code_path = config["code_path"]
     status = 0
