@@ -407,6 +407,19 @@ class GRPOTrainer:
             "n_tokens": float(n_tokens),
         }
 
+    def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """The loop's entry point (`trainers.base.PolicyTrainer`): group-normalised advantages
+        of the batch's rewards (`scale_rewards`), then `step`; an empty batch takes no step.
+        `learning_rate` is the rate the next step will use."""
+        metrics: dict[str, float] = {}
+        if trajectories:
+            advantages = group_advantages([t.reward for t in trajectories],
+                                          [t.group_id for t in trajectories],
+                                          scale=self.config.scale_rewards)
+            metrics = self.step(trajectories, advantages)
+        metrics["learning_rate"] = float(self.scheduler.get_last_lr()[0])
+        return metrics
+
     def step(self, trajectories: list[Trajectory], advantages: Sequence[float]) -> dict[str, float]:
         """One GRPO update on a batch: `num_iterations` passes, one optimizer step per pass.
 
