@@ -399,3 +399,42 @@ def test_cluster_failures_rows():
 def test_share_trend():
     assert share_trend([(1, 0.3), (2, 0.2), (3, 0.1)]) == pytest.approx(-0.1)
     assert share_trend([(2, 0.3), (2, 0.1)]) == 0.0
+
+
+# -- the priority order and the recovery rules, one pinned case each ------------------------------
+def lookup(i: int, key: str, observation: str) -> Step:
+    """A successful call to another tool than the calculator."""
+    return Step(i, "", "tool_call", tool="lookup", arguments={"key": key}, observation=observation)
+
+
+def test_loop_outranks_an_unrecovered_tool_error():
+    # Both detectors fire: 3+4 is made three times (the reference needs it once) and 7*5 timed
+    # out and was never retried. The docstring's order (5. loop before 6.
+    # tool_error_unrecovered) names the loop, at its first pointless repeat.
+    steps = [call(0, "3+4", "7"), call(1, "3+4", "7"), call(2, "3+4", "7"),
+             failed(3, "7*5", "timeout"), answer(4, "36")]
+    failure = classify(steps)
+    assert (failure.mode, failure.first_error_step) == ("loop", 1)
+    # Without the repeats the same episode is the tool error: the case really has both causes.
+    failure = classify([call(0, "3+4", "7"), failed(1, "7*5", "timeout"), answer(2, "36")])
+    assert (failure.mode, failure.first_error_step) == ("tool_error_unrecovered", 1)
+
+
+def test_bad_arguments_are_recovered_only_by_the_same_tool():
+    # A bad calculator call followed by a successful call to *another* tool: not recovered.
+    steps = [call(0, "3+4", "7"), failed(1, "7*", "bad_arguments"), lookup(2, "x", "5"),
+             answer(3, "35")]
+    failure = classify(steps)
+    assert (failure.mode, failure.first_error_step) == ("bad_arguments", 1)
+    # A later successful calculator call, even with other arguments, is the recovery.
+    steps = [call(0, "3+4", "7"), failed(1, "7*", "bad_arguments"), call(2, "7*5", "35"),
+             answer(3, "34")]
+    assert classify(steps).mode == "wrong_answer"
+
+
+def test_unknown_tool_is_recovered_by_any_later_successful_call():
+    unknown = Step(1, "", "tool_call", tool="mul", arguments={}, error_kind="unknown_tool")
+    failure = classify([call(0, "3+4", "7"), unknown, answer(2, "36")])
+    assert (failure.mode, failure.first_error_step) == ("unknown_tool", 1)
+    failure = classify([call(0, "3+4", "7"), unknown, lookup(2, "x", "5"), answer(3, "36")])
+    assert failure.mode != "unknown_tool"
