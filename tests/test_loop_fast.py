@@ -33,7 +33,7 @@ def config() -> dict[str, Any]:
         "seed": 5,
         "rounds": 1,
         "policy": {"tiny": TINY_SHAPE.model_dump()},
-        "families": [{"name": "arith", "config": {"max_operands": 2}}],
+        "families": [{"type": "arith", "max_operands": 2}],
         "env": {"max_turns": 2, "max_tokens": 96, "max_turn_tokens": 24},
         "reward": WEIGHTS,
         "sft": {"steps": 40, "batch_size": 8, "num_examples": 32, "lr": 0.01, "warmup_steps": 0},
