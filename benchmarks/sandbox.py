@@ -11,8 +11,10 @@
 Prints the layers found, calls per second for each (calls / total wall time of those calls),
 the median and minimum seconds per call, the ratio new/old of calls per second, and the load
 average before and after (other work on the machine slows both).
-Run: `.venv/bin/python benchmarks/sandbox.py [--calls 200]`. Not a test: it prints, asserts
-nothing.
+Run: `.venv/bin/python benchmarks/sandbox.py [--calls 200]`; as a user who is not root, from
+root: `setpriv --reuid=nobody --regid=nogroup --clear-groups env PYTHONPATH=$PWD /usr/bin/python3
+benchmarks/sandbox.py` (the sandbox needs only the standard library). Not a test: it prints,
+asserts nothing.
 """
 
 from __future__ import annotations
