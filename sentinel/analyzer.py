@@ -67,6 +67,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from sentinel.env.parser import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    RESPONSE_CLOSE,
+    RESPONSE_OPEN,
+    RESPONSE_RE,
+)
 from sentinel.tasks.base import TaskFamily
 from sentinel.types import Failure, Step, Task, Trajectory, canonical_json
 
@@ -78,7 +85,6 @@ CALL_ERRORS = ("unknown_tool", "bad_arguments", *TRANSIENT_ERRORS)
 TREND_ROUNDS = 3  # earlier rounds in the trend's least-squares fit
 TREND_FLAT = 0.005  # |slope| below this (share per round) reads as "steady"
 
-_RESPONSE_RE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
 _SPACE_RE = re.compile(r"\s+")
 
 Detection = tuple[int | None, str]
@@ -151,7 +157,7 @@ def _quote(step: Step) -> str:
         if step.error is not None:
             quoted += f" -> {step.error}"
     elif step.answer is not None:
-        quoted = f"<answer>{step.answer}</answer>"
+        quoted = f"{ANSWER_OPEN}{step.answer}{ANSWER_CLOSE}"
     else:
         quoted = f"{step.text!r}"
     return _clip(str(quoted), QUOTE_CHARS)
@@ -207,8 +213,8 @@ def _invents(steps: list[Step], pos: int) -> bool:
     text = steps[pos].text if isinstance(steps[pos].text, str) else ""
     turn = [s for s in steps if s.text == text and s.hallucinated is True]
     real = {str(s.observation).strip() for s in turn if _succeeded(s)}
-    invented = _RESPONSE_RE.findall(text)
-    complete = len(invented) == text.count("<tool_response>") == text.count("</tool_response>")
+    invented = RESPONSE_RE.findall(text)
+    complete = len(invented) == text.count(RESPONSE_OPEN) == text.count(RESPONSE_CLOSE)
     return not (real and invented and complete and all(i.strip() in real for i in invented))
 
 
@@ -217,7 +223,7 @@ def detect_hallucinated_observation(attempt: Attempt) -> Detection | None:
     for pos, step in enumerate(attempt.steps):
         if step.hallucinated is True and _invents(attempt.steps, pos):
             return _index(attempt.steps, pos), (
-                f"step {_index(attempt.steps, pos)} wrote its own <tool_response>: "
+                f"step {_index(attempt.steps, pos)} wrote its own {RESPONSE_OPEN}: "
                 f"{_clip(str(step.text), QUOTE_CHARS)!r}"
             )
     return None
@@ -396,11 +402,6 @@ class FailureAnalyzer:
             self._references[task.task_id] = found
         return self._references[task.task_id]
 
-    def reference_calls(self, task: Task) -> int | None:
-        """Number of tool calls of the reference solution of `task` (None: unknown)."""
-        reference = self.reference(task)
-        return None if reference is None else len(reference.calls)
-
     def classify(self, task: Task, trajectory: Trajectory) -> Failure | None:
         """The failure of `trajectory` on `task`, or None if it succeeded."""
         if trajectory.success:
@@ -445,22 +446,22 @@ class ClusterRow(TypedDict):
     mode: str
     n_failures: int
     share: float
-    trend: float
+    trend: float | None
     exemplar_traj_ids: list[str]
     summary: str
 
 
-def share_trend(points: list[tuple[int, float]]) -> float:
-    """Least-squares slope of share per round through `points` ((round, share)); 0.0 with fewer
-    than two distinct rounds.
+def share_trend(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of share per round through `points` ((round, share)); None (NULL in
+    the store: no trend yet) with fewer than two distinct rounds.
 
     >>> share_trend([(1, 0.1), (2, 0.2), (3, 0.3)])
     0.1
-    >>> share_trend([(4, 0.5)])
-    0.0
+    >>> share_trend([(4, 0.5)]) is None
+    True
     """
     if len({r for r, _ in points}) < 2:
-        return 0.0
+        return None
     n = len(points)
     mean_r = sum(r for r, _ in points) / n
     mean_s = sum(s for _, s in points) / n
@@ -469,8 +470,8 @@ def share_trend(points: list[tuple[int, float]]) -> float:
     return round(num / den, 6)
 
 
-def _trend_word(trend: float, has_history: bool) -> str:
-    if not has_history:
+def _trend_word(trend: float | None) -> str:
+    if trend is None:
         return "new"
     if trend > TREND_FLAT:
         return "rising"
@@ -489,13 +490,11 @@ def _exemplars(failures: list[Failure], k: int) -> list[Failure]:
     return (chosen + rest)[:k]
 
 
-def _summary(
-    rows_failures: list[Failure], row: ClusterRow, has_history: bool, tasks: dict[str, Task]
-) -> str:
+def _summary(rows_failures: list[Failure], row: ClusterRow, tasks: dict[str, Task]) -> str:
     skills = ", ".join(row["skills"]) or "-"
     head = (
         f"{row['family']} | {skills} | {row['mode']}: {row['n_failures']} failures "
-        f"({row['share']:.0%} of rollouts, {_trend_word(row['trend'], has_history)})"
+        f"({row['share']:.0%} of rollouts, {_trend_word(row['trend'])})"
     )
     parts = [head]
     steps = Counter(f.first_error_step for f in rows_failures if f.first_error_step is not None)
@@ -524,10 +523,14 @@ def cluster_failures(
 
     `share` = n_failures / `n_rollouts` (the round's training rollouts); `trend` = least-squares
     slope of share per round over the last `TREND_ROUNDS` rounds of `history` (cluster_id ->
-    [(round, share)], earlier rounds only; later or equal rounds are ignored) plus this round, 0.0
-    for a new cluster; `exemplar_traj_ids` = up to `exemplars` failed trajectories, distinct tasks
-    first; `summary` = a short plain-text paragraph (the `teacher` generator's input) quoting up to
-    two exemplar tasks when `tasks` (task_id -> Task) has them. Rows come biggest cluster first.
+    [(round, share)], earlier rounds only; later or equal rounds are ignored) plus this round, None
+    (NULL) for a new cluster; `exemplar_traj_ids` = up to `exemplars` failed trajectories, distinct
+    tasks first; `summary` = a short plain-text paragraph (the `teacher` generator's input) quoting
+    up to two exemplar tasks when `tasks` (task_id -> Task) has them. Rows come biggest cluster
+    first.
+
+    This is the run's one trend definition: the store's `failure_patterns` view shows the stored
+    `clusters.trend` of a pattern's last round instead of fitting a slope of its own.
     """
     if n_rollouts < 1:
         raise ValueError(f"n_rollouts must be at least 1, got {n_rollouts}")
@@ -554,7 +557,7 @@ def cluster_failures(
             exemplar_traj_ids=[f.traj_id for f in _exemplars(members, exemplars)],
             summary="",
         )
-        row["summary"] = _summary(members, row, bool(past), tasks)
+        row["summary"] = _summary(members, row, tasks)
         rows.append(row)
     rows.sort(key=lambda r: (-r["n_failures"], r["cluster_id"]))
     return rows

@@ -25,7 +25,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from markupsafe import Markup
+
+from sentinel.env.parser import ANSWER_OPEN, BLOCK_RE, TOOL_CALL_OPEN
 
 MAX_POINTS = 200
 MAX_BARS = 40
@@ -293,9 +294,6 @@ def hbars(plot_id: str, rows: Sequence[str], segments: dict[str, Sequence[float]
 
 # -- data ----------------------------------------------------------------------------------------
 
-_SEGMENT = re.compile(r"(<tool_call>.*?</tool_call>|<answer>.*?</answer>)", re.DOTALL)
-
-
 def _cut(text: str) -> str:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f" … [{len(text) - MAX_TEXT} more]"
 
@@ -311,9 +309,9 @@ def chat_turns(messages_json: str | None, first_error_step: int | None) -> list[
         if role == "assistant":
             turn["step"], turn["first_error"] = step, step == first_error_step
             step += 1
-            parts = [p for p in _SEGMENT.split(content) if p]
-            turn["segments"] = [("call" if p.startswith("<tool_call>") else
-                                 "answer" if p.startswith("<answer>") else "text", p)
+            parts = [p for p in BLOCK_RE.split(content) if p]
+            turn["segments"] = [("call" if p.startswith(TOOL_CALL_OPEN) else
+                                 "answer" if p.startswith(ANSWER_OPEN) else "text", p)
                                 for p in parts]
         else:
             turn["segments"] = [("obs" if role == "tool" else "text", content)]

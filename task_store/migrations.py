@@ -72,6 +72,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         " skills VARCHAR[], mode VARCHAR, n_failures INTEGER, share DOUBLE, trend DOUBLE,"
         " exemplar_traj_ids VARCHAR[], summary VARCHAR, PRIMARY KEY (round, cluster_id))",
     ),
+    # Views only: `failure_patterns.trend` is now the stored `clusters.trend` (re-created below).
+    2: (),
 }
 
 

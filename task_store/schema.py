@@ -1,4 +1,4 @@
-"""The Sentinel store schema (version 2), declared once: tables, keys and views.
+"""The Sentinel store schema (version 3), declared once: tables, keys and views.
 
 `COLUMNS` is the single source of truth: the DDL strings below are rendered from it, and the store
 derives the pyarrow schema of every columnar insert from it, so the two cannot drift. Column order
@@ -14,7 +14,7 @@ upgrade) so the plain `duckdb` CLI sees them too.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "meta": (("key", "VARCHAR"), ("value", "VARCHAR")),
@@ -158,8 +158,6 @@ def table_ddl(table: str) -> str:
 GENERATOR_ERROR_REASONS = ("generator_error", "generator_timeout")
 # How many of a task's most recent train attempts `hardest_tasks` looks at, and the fewest it needs.
 HARDEST_WINDOW, HARDEST_MIN_ATTEMPTS = 16, 4
-# `failure_patterns.trend` is the slope over this many most recent rounds with train rollouts.
-TREND_ROUNDS = 3
 # `task_lineage` follows at most this many parent links (a guard against a corrupt cycle).
 LINEAGE_MAX_DEPTH = 64
 
@@ -196,30 +194,17 @@ SELECT p.round, p.split, s.skill, sum(p.n)::BIGINT AS n, sum(p.successes)::BIGIN
 FROM per_task p JOIN tasks t ON t.task_id = p.task_id, UNNEST(t.skills) AS s(skill)
 GROUP BY p.round, p.split, s.skill
 ORDER BY p.round, p.split, s.skill""",
-    "failure_patterns": f"""\
-WITH f AS (
-    SELECT family, list_sort(skills) AS skills, mode, round, count(*) AS n,
-           max(cluster_id) AS cluster_id
-    FROM failures GROUP BY family, list_sort(skills), mode, round
-), t AS ({_TRAIN_PER_ROUND}),
-recent AS (SELECT round, n_train FROM t ORDER BY round DESC LIMIT {TREND_ROUNDS}),
-patterns AS (
-    SELECT family, skills, mode, max(cluster_id) AS cluster_id, sum(n)::BIGINT AS n_failures,
-           min(round) AS first_round, max(round) AS last_round
-    FROM f GROUP BY family, skills, mode
-), trends AS (
-    SELECT p.family, p.skills, p.mode,
-           regr_slope(coalesce(f.n, 0) / r.n_train, r.round) AS trend
-    FROM patterns p CROSS JOIN recent r
-    LEFT JOIN f ON f.family IS NOT DISTINCT FROM p.family AND f.skills = p.skills
-               AND f.mode IS NOT DISTINCT FROM p.mode AND f.round = r.round
-    GROUP BY p.family, p.skills, p.mode
+    # One trend definition: the analyzer's, stored in `clusters.trend` (NULL for a cluster new in
+    # its round); a pattern shows the one of the last round it failed in.
+    "failure_patterns": """\
+WITH patterns AS (
+    SELECT family, list_sort(skills) AS skills, mode, max(cluster_id) AS cluster_id,
+           count(*)::BIGINT AS n_failures, min(round) AS first_round, max(round) AS last_round
+    FROM failures GROUP BY family, list_sort(skills), mode
 )
 SELECT p.family, p.skills, p.mode, p.cluster_id, p.n_failures, p.first_round, p.last_round,
-       tr.trend
-FROM patterns p LEFT JOIN trends tr
-  ON tr.family IS NOT DISTINCT FROM p.family AND tr.skills = p.skills
- AND tr.mode IS NOT DISTINCT FROM p.mode
+       c.trend
+FROM patterns p LEFT JOIN clusters c ON c.cluster_id = p.cluster_id AND c.round = p.last_round
 ORDER BY p.n_failures DESC, p.family, p.mode, p.skills""",
     # A targeted cluster "shrank" when its pooled failure share over the rounds after the
     # generator's first task aimed at it is below its share in that round (the round whose

@@ -245,7 +245,9 @@ def test_priority_hallucination_over_everything_and_loop_over_no_answer():
 def test_premature_needs_the_family_and_caches_the_reference():
     analyzer = FailureAnalyzer({"arith": ARITH})
     analyzer.classify(TASK, trajectory([answer(0, "7")]))
-    assert analyzer.reference_calls(TASK) == 2
+    reference = analyzer.reference(TASK)
+    assert reference is not None and len(reference.calls) == 2
+    assert analyzer.reference(TASK) is reference  # cached, not solved again
     # Without the family the reference is unknown, so only wrong_answer can say what happened.
     failure = FailureAnalyzer({}).classify(TASK, trajectory([answer(0, "7")]))
     assert (failure.mode, failure.first_error_step) == ("wrong_answer", 0)
@@ -391,14 +393,15 @@ def test_cluster_failures_rows():
     assert summary.startswith("arith | op:add, op:mul, parens, steps:2 | wrong_answer: 4 failures")
     assert "10% of rollouts, rising" in summary and "first error usually at step 1" in summary
     assert '{"expr":"(3+4)*5"}' in summary and "evidence of t1" in summary
-    assert rows[1]["trend"] == 0.0 and "new" in rows[1]["summary"]
+    # A new cluster has no trend yet: None (NULL in `clusters.trend`, as docs/schema.md says).
+    assert rows[1]["trend"] is None and "new" in rows[1]["summary"]
     with pytest.raises(ValueError, match="n_rollouts"):
         cluster_failures(failures, 5, 0)
 
 
 def test_share_trend():
     assert share_trend([(1, 0.3), (2, 0.2), (3, 0.1)]) == pytest.approx(-0.1)
-    assert share_trend([(2, 0.3), (2, 0.1)]) == 0.0
+    assert share_trend([(2, 0.3), (2, 0.1)]) is None
 
 
 # -- the priority order and the recovery rules, one pinned case each ------------------------------

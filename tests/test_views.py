@@ -82,24 +82,50 @@ def test_skill_mastery_separates_train_sampled_eval_and_greedy(store: Store) -> 
     ]
 
 
-def test_failure_patterns_group_by_skill_set_and_trend_over_last_three_rounds(
-    store: Store,
-) -> None:
-    n_train = {1: 10, 2: 10, 3: 10, 4: 5}
-    pattern = {1: 2, 2: 4, 3: 2, 4: 0}  # shares over rounds 2..4: 0.4, 0.2, 0.0 -> slope -0.2
+def test_failure_patterns_group_by_skill_set(store: Store) -> None:
+    pattern = {1: 2, 2: 4, 3: 2, 4: 0}
     for r in (1, 2, 3, 4):
         rows = failures(pattern[r], r, "wrong_answer", ["b", "a"] if r % 2 else ["a", "b"], "P")
-        if r == 4:  # shares 0, 0, 0.2 -> slope 0.1
+        if r == 4:
             rows += failures(1, r, "loop", ["a"], "Q")
-        store.record_round(r, round_row(), trajectories=trajs("T", r, [False] * n_train[r]),
+        store.record_round(r, round_row(), trajectories=trajs("T", r, [False] * 10),
                            failures=rows)
     cols, rows = store.query("SELECT * FROM failure_patterns")
     assert cols == ["family", "skills", "mode", "cluster_id", "n_failures", "first_round",
                     "last_round", "trend"]
+    # No `clusters` rows were written, so there is no trend to show.
     assert rows == [
-        ("arith", ["a", "b"], "wrong_answer", "P", 8, 1, 3, pytest.approx(-0.2)),
-        ("arith", ["a"], "loop", "Q", 1, 4, 4, pytest.approx(0.1)),
+        ("arith", ["a", "b"], "wrong_answer", "P", 8, 1, 3, None),
+        ("arith", ["a"], "loop", "Q", 1, 4, 4, None),
     ]
+
+
+def test_failure_patterns_trend_is_the_analyzers_and_null_for_a_new_cluster(store: Store) -> None:
+    """One trend definition (issue #20): each pattern shows the `clusters.trend` the analyzer
+    stored for the last round it failed in, so the two never disagree, and a cluster new in that
+    round has NULL in both, as docs/schema.md says."""
+    from sentinel.analyzer import cluster_failures
+    from sentinel.types import Failure
+
+    def failed(n: int, r: int, mode: str, skills: list[str]) -> list[Failure]:
+        return [Failure(f"t{next(_ids)}", "task", r, mode, 1, "e", skills, "arith")
+                for _ in range(n)]
+
+    counts = {1: (2, 0), 2: (4, 0), 3: (1, 0), 4: (5, 2)}  # (P, Q) failures of 10 rollouts
+    history: dict[str, list[tuple[int, float]]] = {}
+    for r, (p, q) in counts.items():
+        found = failed(p, r, "wrong_answer", ["a", "b"]) + failed(q, r, "loop", ["a"])
+        clusters = cluster_failures(found, r, 10, history=history)
+        for row in clusters:
+            history.setdefault(row["cluster_id"], []).append((r, row["share"]))
+        store.record_round(r, round_row(), trajectories=trajs("T", r, [False] * 10),
+                           failures=[f.to_row() for f in found], clusters=clusters)
+    stored = dict(rows_of(store, "SELECT mode, trend FROM clusters WHERE round = 4"))
+    shown = dict(rows_of(store, "SELECT mode, trend FROM failure_patterns"))
+    assert shown == stored
+    # P: shares 0.2, 0.4, 0.1, 0.5 over rounds 1-4: slope 0.06. Q first failed in round 4.
+    assert shown["wrong_answer"] == pytest.approx(0.06)
+    assert shown["loop"] is None
 
 
 def test_generator_yield_counts_proposals_errors_and_shrinking_clusters(store: Store) -> None:

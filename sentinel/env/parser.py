@@ -24,6 +24,11 @@ MAX_CALLS_PER_TURN = 8
 
 _CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)" + re.escape(TOOL_CALL_CLOSE), re.S)
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.S)
+# The Hermes tags' one home: the analyzer and the report import these instead of spelling the tags.
+RESPONSE_RE = re.compile(re.escape(RESPONSE_OPEN) + r"(.*?)" + re.escape(RESPONSE_CLOSE), re.S)
+# A whole call or answer block as one group, so `BLOCK_RE.split(text)` keeps the blocks.
+BLOCK_RE = re.compile(f"({re.escape(TOOL_CALL_OPEN)}.*?{re.escape(TOOL_CALL_CLOSE)}"
+                      f"|{re.escape(ANSWER_OPEN)}.*?{re.escape(ANSWER_CLOSE)})", re.S)
 
 
 @dataclass
