@@ -1,6 +1,10 @@
 """`sentinel bench curriculum`: the failure-driven curriculum against uniform sampling and online
 difficulty filtering, at equal rollout budget, from one shared cold start.
 
+A learning benchmark (held-out success per rollout spent), part of the CLI; the scripts in
+`benchmarks/` are something else: speed and memory measurements of single components, run by
+hand, that print ratios.
+
 Protocol (docs/results.md has the figures):
 
 1. One SFT cold start (`OUT/cold-start`, the config's `sft` section, seed `config.seed`) gives the
