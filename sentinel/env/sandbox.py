@@ -698,6 +698,11 @@ def _probe_kernel_layer(workdir: str) -> dict[str, Any]:
     libc.syscall.restype = ctypes.c_long
     abi = max(int(libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))), 0)
     found: dict[str, Any] = {"seccomp": False, "landlock_abi": abi, "why": ""}
+    try:
+        _seccomp_program(os.getpid())  # off x86_64 there is no filter to try
+    except OSError as exc:
+        found["why"] = str(exc)
+        return found
     read_roots = tuple(os.path.realpath(p) for p in sys.path if p)
     try:
         _prepare_kernel_layer(workdir, read_roots, abi)()
