@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 
+import annotated_types as at
 import pytest
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from sentinel.config import ConfigError, load_config
+from sentinel.config import ConfigError, SentinelConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -95,8 +100,54 @@ def test_bad_config_gives_one_error_naming_the_key(name: str) -> None:
     assert fragment in message.replace("greater than or equal to", ">="), message
 
 
-def test_table_is_big_enough() -> None:
-    assert len(BAD_CONFIGS) >= 20
+def test_every_section_has_a_bad_case() -> None:
+    """Every top-level key of `SentinelConfig` (read from the model, so a new section counts)
+    is named by at least one row of the table."""
+    named = {key.split(".")[0] for _, key, _ in BAD_CONFIGS.values()}
+    missing = set(SentinelConfig.model_fields) - named
+    assert not missing, f"no bad case for {sorted(missing)}"
+
+
+def _fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """(dotted key, field) of `model` and of the sections nested in it."""
+    for name, info in model.model_fields.items():
+        yield prefix + name, info
+        for t in (info.annotation, *typing.get_args(info.annotation)):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                yield from _fields(t, f"{prefix}{name}.")
+
+
+def _past_bounds() -> dict[str, tuple[str, float, float]]:
+    """For every numeric bound of `SentinelConfig` (read from the model): a value just past it,
+    with the bound it breaks."""
+    cases = {}
+    for key, info in _fields(SentinelConfig):
+        step = 1 if int in (info.annotation, *typing.get_args(info.annotation)) else 0.5
+        for bound in info.metadata:
+            if isinstance(bound, at.Ge | at.Gt | at.Le | at.Lt):
+                limit = getattr(bound, type(bound).__name__.lower())  # Ge(ge=2).ge
+                value = {at.Ge: limit - step, at.Gt: limit, at.Le: limit + step,
+                         at.Lt: limit}[type(bound)]
+                cases[f"{key} {type(bound).__name__.lower()} {limit:g}"] = (key, value, limit)
+    return cases
+
+
+PAST_BOUNDS = _past_bounds()
+
+
+@pytest.mark.parametrize("name", list(PAST_BOUNDS))
+def test_every_bounded_key_refuses_a_value_past_its_bound(name: str) -> None:
+    key, value, limit = PAST_BOUNDS[name]
+    with pytest.raises(ConfigError) as info:
+        load_config(QUICKSTART, [f"{key}={value}"])
+    message = str(info.value)
+    assert len(message.splitlines()) == 1, message
+    assert f"config key '{key}'" in message and f"{limit:g}" in message, message
+
+
+def test_bounds_are_found() -> None:
+    assert {"batch.group_size ge 2", "grpo.epsilon_low lt 1", "env.faults.rate le 1",
+            "rollout.temperature gt 0"} <= set(PAST_BOUNDS)
 
 
 @pytest.mark.parametrize("name", ["arith", "sentinel.tasks.arith:ArithFamily"])
