@@ -20,14 +20,16 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sentinel.tasks import TaskFamily
 from sentinel.types import Candidate, Failure, Task, canonical_json
+
+T = TypeVar("T")
 
 
 class GeneratorConfig(BaseModel):
@@ -132,8 +134,10 @@ def claim(proposed: set[str], family: str, spec: dict[str, Any]) -> bool:
     return True
 
 
-def round_robin(queues: list[list[Candidate]], limit: int) -> Iterable[Candidate]:
-    """One candidate of each queue in turn (then a second of each, ...), at most `limit`."""
+def round_robin(queues: Sequence[Sequence[T]], limit: int) -> Iterator[T]:
+    """One item of each queue in turn (then a second of each, ...), at most `limit`: how a
+    generator spreads its budget over failed tasks, and how the probe budget is shared across
+    generators."""
     made = 0
     for depth in range(max((len(q) for q in queues), default=0)):
         for queue in queues:

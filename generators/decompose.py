@@ -99,4 +99,4 @@ class DecomposeGenerator(BaseGenerator):
                     )
                 )
             queues.append(queue)
-        yield from round_robin(queues, min(self.config.max_candidates, ctx.budget))
+        yield from round_robin(queues, ctx.budget)

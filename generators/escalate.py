@@ -59,4 +59,4 @@ class EscalateGenerator(BaseGenerator):
                     )
                 )
             queues.append(queue)
-        yield from round_robin(queues, min(self.config.max_candidates, ctx.budget))
+        yield from round_robin(queues, ctx.budget)

@@ -40,13 +40,12 @@ class MutateGenerator(BaseGenerator):
 
     def generate(self, ctx: GenerationContext) -> Iterator[Candidate]:
         order = failed_tasks(ctx)
-        limit = min(self.config.max_candidates, ctx.budget)
         proposed = {canonical_json([task.family, task.spec]) for task, _ in order}
         exhausted: set[str] = set()
         made = 0
         for _ in range(self.config.per_failure):
             for task, failures in order:
-                if made >= limit:
+                if made >= ctx.budget:
                     return
                 if task.task_id in exhausted:
                     continue

@@ -25,6 +25,7 @@ Every accepted task gets its `target_cluster_id`: the cluster (`Failure.cluster_
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import traceback
 from collections import Counter
@@ -45,6 +46,8 @@ def _where(exc: BaseException) -> str:
 
 
 def _budget(generator: TaskGenerator, ctx: GenerationContext) -> int:
+    """The one budget clamp: the round's per-generator budget, and the generator's own
+    `max_candidates` when its config has one. The generator sees it as `ctx.budget`."""
     configured = getattr(getattr(generator, "config", None), "max_candidates", None)
     return min(ctx.budget, configured) if isinstance(configured, int) else ctx.budget
 
@@ -58,6 +61,7 @@ def _collect(
     candidates: list[object] = []
     if limit <= 0:
         return candidates, None
+    ctx = dataclasses.replace(ctx, budget=limit)
     start = time.monotonic()
 
     def late() -> tuple[str, str]:

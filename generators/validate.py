@@ -40,7 +40,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from generators.base import Unparseable
+from generators.base import Unparseable, round_robin
 from sentinel.tasks import SpecError, TaskFamily
 from sentinel.types import Candidate, Rejection, Task, canonical_json
 
@@ -222,9 +222,8 @@ def probe_tasks(
     lo, hi = band
     if not 0.0 <= lo <= hi <= 1.0:
         raise ValueError(f"probe band must satisfy 0 <= lo <= hi <= 1, got {band}")
-    order = [t for row in _round_robin(batches) for t in row]
-    chosen = {t.task_id for t in order[: max(0, budget)]}
-    probed = [t for t in order if t.task_id in chosen]
+    probed = list(round_robin(batches, max(0, budget)))
+    chosen = {t.task_id for t in probed}
     rates = probe(probed) if probed else {}
     bad = [t.task_id for t in probed if not _is_rate(rates.get(t.task_id))]
     if bad:
@@ -267,7 +266,3 @@ def _is_rate(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 <= value <= 1.0
 
 
-def _round_robin(batches: list[list[Task]]) -> list[list[Task]]:
-    """Rows of one task from each batch in turn: [[a0, b0], [a1, b1], [a2], ...]."""
-    depth = max((len(b) for b in batches), default=0)
-    return [[b[i] for b in batches if i < len(b)] for i in range(depth)]

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from generators import (
     REJECTION_REASONS,
+    BaseGenerator,
     DecomposeGenerator,
     EscalateConfig,
     EscalateGenerator,
@@ -491,3 +492,27 @@ def test_probe_must_answer_for_every_task_and_band_is_checked():
     # Without lineage there is no target cluster; without a probe nothing is probed.
     tasks, _, _ = run_generators([Fixed("a", ["2+1"])], ctx, known_task_ids=nothing_known)
     assert tasks[0].target_cluster_id is None and tasks[0].probe_pass_rate is None
+
+
+def test_the_generator_sees_its_clamped_budget_as_ctx_budget() -> None:
+    """One clamp, in the runner: a generator's `max_candidates` below the round's budget is the
+    `ctx.budget` it is handed, and no more candidates than that are taken from it."""
+    seen: list[int] = []
+
+    class Endless(BaseGenerator):
+        name = "endless"
+
+        def generate(self, ctx: GenerationContext) -> Iterator[Candidate]:
+            seen.append(ctx.budget)
+            i = 0
+            while True:
+                i += 1
+                yield Candidate(family="arith", spec={"expr": f"{i}+{i}"})
+
+    capped = Endless(GeneratorConfig(type="endless", max_candidates=3))
+    _, _, stats = run_generators([capped], context([], [], budget=10),
+                                 known_task_ids=nothing_known)
+    assert seen == [3] and stats["endless"]["proposed"] == 3
+    _, _, stats = run_generators([Endless()], context([], [], budget=5),
+                                 known_task_ids=nothing_known)
+    assert seen == [3, 5] and stats["endless"]["proposed"] == 5
