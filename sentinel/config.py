@@ -110,7 +110,8 @@ class PolicyConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["hf", "vllm"] = Field("hf", description="sampling backend")
+    backend: str = Field("hf", description="sampling backend: 'hf' (transformers); 'vllm' is "
+                         "refused until that backend exists")
     temperature: float = Field(
         0.7, gt=0, description="the one sampling temperature: training rollouts, held-out "
         "samples and probes; the GRPO loss recomputes log-probs at it (trl's `temperature`)")
@@ -118,6 +119,17 @@ class RolloutConfig(Section):
     engine: Literal["auto", "static", "generate"] = Field(
         "auto", description="hf backend: the static-cache sampler (Llama-family models) or "
         "transformers' generate; auto picks static where the model supports it")
+
+    @field_validator("backend")
+    @classmethod
+    def _available_backend(cls, v: str) -> str:
+        # Refused here, not at the first rollout: a run must not build its policy, cold-start
+        # it and write round 0 before finding out it cannot sample.
+        if v == "vllm":
+            raise ValueError("the vllm rollout backend is not available yet; use 'hf'")
+        if v != "hf":
+            raise ValueError(f"unknown rollout backend {v!r}; available: hf")
+        return v
 
 
 class ColdStartConfig(SFTConfig):

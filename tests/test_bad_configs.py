@@ -32,6 +32,10 @@ BAD_CONFIGS: dict[str, tuple[list[str], str, str]] = {
     "section given a number": (["env=5"], "env", "dictionary"),
     "list given a mapping": (["families={type: arith}"], "families", "list"),
     "bool given a word": (["eval.greedy=sometimes"], "eval.greedy", "boolean"),
+    # a backend that does not exist yet is refused at load, not at the first rollout
+    "vllm backend before it exists": (["rollout.backend=vllm"], "rollout.backend",
+                                      "not available yet"),
+    "unknown rollout backend": (["rollout.backend=sglang"], "rollout.backend", "available: hf"),
     # unknown keys at several depths
     "unknown top-level key": (["bogus=1"], "bogus", "unknown config key"),
     "unknown key, depth 2": (["grpo.lrr=1"], "grpo.lrr", "unknown config key"),
