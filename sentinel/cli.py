@@ -4,14 +4,21 @@ commands, so `sentinel --help` answers instantly."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+# Plain (click) help: flags shown as flags, no box drawing, readable in a log.
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Sentinel: a failure-driven curriculum engine for agentic RL.")
 
-RunDir = Annotated[Path, typer.Option("--run-dir", help="run directory (holds sentinel.duckdb)")]
+RunDir = Annotated[Path, typer.Option(
+    "--run-dir", metavar="DIR",
+    help="run directory (holds sentinel.duckdb); reading commands also take the file itself")]
+
+# Width of tables written to a pipe or a file: wide enough that no cell is cut; rich sizes each
+# table to its content, so nothing is padded to it.
+PIPE_WIDTH = 100_000
 
 
 def _fail(message: str) -> None:
@@ -19,12 +26,31 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _reader_gone() -> None:
+    """The reader of stdout left (`... | head`): stop quietly, as a successful command. Later
+    writes, including the interpreter's final flush, go to /dev/null."""
+    import os
+    import sys
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise typer.Exit(0)
+
+
+def _console() -> Any:
+    """A rich console on stdout that cuts no table cell when stdout is not a terminal."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPE_WIDTH)
+
+
 @app.command()
 def loop(
-    config: Annotated[Path | None, typer.Option("--config", help="YAML config file")] = None,
+    config: Annotated[Path | None, typer.Option("--config", metavar="FILE",
+                                                help="YAML config file")] = None,
     run_dir: RunDir = Path("runs/quickstart"),
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override: key.path=value")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="KEY=VALUE", help="override a config key (repeatable)")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="continue a run that died; without --config, reuse the run's config")
     ] = False,
@@ -34,6 +60,10 @@ def loop(
 
     if config is None and not resume:
         _fail("give --config FILE (or --resume to continue the run in --run-dir)")
+    if run_dir.suffix == ".duckdb":
+        _fail(f"--run-dir takes the run directory, not its store file: give --run-dir "
+              f"{run_dir.parent}" if run_dir.name == "sentinel.duckdb" else
+              f"--run-dir takes a run directory (it will hold sentinel.duckdb), not {run_dir}")
     try:
         if config is None:
             import json
@@ -62,23 +92,41 @@ def loop(
                f"store: {run_dir / 'sentinel.duckdb'}")
 
 
-def _store(run_dir: Path):
-    from task_store import Store
+def _store(run_dir: Path) -> Any:
+    """The run's `Store`, checked to open as one (read-only); `run_dir` may also be the store
+    file itself. Fails with one line when it is missing, locked or not a Sentinel store."""
+    import duckdb
 
-    path = run_dir / "sentinel.duckdb"
+    from task_store import SchemaVersionError, Store, StoreLockedError
+
+    path = run_dir if run_dir.is_file() else run_dir / "sentinel.duckdb"
     if not path.exists():
         _fail(f"no store at {path}; run `sentinel loop` first")
-    return Store(path)
+    store = Store(path)
+    try:
+        with store.connect(read_only=True):
+            pass
+    except SchemaVersionError as exc:
+        _fail(str(exc))
+    except StoreLockedError as exc:
+        _fail(str(exc))
+    except duckdb.Error as exc:
+        _fail(f"{path} is not a Sentinel store: {exc}")
+    return store
 
 
 @app.command()
 def sql(
-    query: Annotated[str | None, typer.Argument(help="one read-only SQL statement")] = None,
+    query: Annotated[str | None, typer.Argument(
+        metavar="QUERY", help="one read-only SQL statement")] = None,
     run_dir: RunDir = Path("runs/quickstart"),
-    file: Annotated[Path | None, typer.Option("--file", help="read the SQL from this file")] = None,
-    format_: Annotated[str, typer.Option("--format", help="table|csv|json|parquet")] = "table",
+    file: Annotated[Path | None, typer.Option("--file", metavar="FILE",
+                                              help="read the SQL from this file")] = None,
+    format_: Annotated[str, typer.Option("--format", metavar="table|csv|json|parquet",
+                                         help="output format")] = "table",
     output: Annotated[Path | None, typer.Option(
-        "--output", help="write the result here instead of stdout (required for parquet)")] = None,
+        "--output", metavar="PATH",
+        help="write the result here instead of stdout (required for parquet)")] = None,
 ) -> None:
     """Run one read-only SQL statement on a run's store (tables and views: docs/schema.md).
 
@@ -107,6 +155,8 @@ def sql(
         check_read_only(query or "")  # before opening the store: a refusal never waits on a lock
         with store.connect(read_only=True) as con:
             run_query(con, query or "", format_, output, sys.stdout)
+    except BrokenPipeError:
+        _reader_gone()
     except (ReadOnlyQueryError, SchemaVersionError, StoreLockedError, OSError) as exc:
         _fail(str(exc))
     except duckdb.Error as exc:
@@ -115,8 +165,9 @@ def sql(
 
 @app.command()
 def export(
-    kind: Annotated[str, typer.Argument(help="parquet | hf | dpo | verl")],
-    out: Annotated[Path, typer.Option("--out", help="where to write (folder or file, per kind)")],
+    kind: Annotated[str, typer.Argument(metavar="KIND", help="parquet | hf | dpo | verl")],
+    out: Annotated[Path, typer.Option("--out", metavar="PATH",
+                                      help="where to write (folder or file, per kind)")],
     run_dir: RunDir = Path("runs/quickstart"),
 ) -> None:
     """Export a run's store: `parquet` (every table), `hf` (tasks as a datasets.Dataset), `dpo`
@@ -138,7 +189,7 @@ def export(
 def status(
     run_dir: RunDir = Path("runs/quickstart"),
     watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
-    interval: Annotated[float, typer.Option("--interval", min=0.2,
+    interval: Annotated[float, typer.Option("--interval", min=0.2, metavar="SECONDS",
                                             help="seconds between refreshes")] = 5.0,
 ) -> None:
     """One line per round: held-out success, failures, generation, training metrics.
@@ -147,11 +198,10 @@ def status(
     import json
     import time
 
-    from rich.console import Console
     from rich.table import Table
 
     store = _store(run_dir)
-    console = Console()
+    console = _console()
 
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
@@ -202,8 +252,8 @@ def status(
 @app.command()
 def report(
     run_dir: RunDir = Path("runs/quickstart"),
-    out: Annotated[Path | None, typer.Option("--out", help="HTML file "
-                                             "(default: <run-dir>/report.html)")] = None,
+    out: Annotated[Path | None, typer.Option("--out", metavar="FILE", help="HTML file "
+                                             "(default: report.html beside the store)")] = None,
 ) -> None:
     """Write a self-contained HTML report of a run (plots, lineage gallery, config, timing)."""
     from sentinel.report import build_report
@@ -212,20 +262,22 @@ def report(
     typer.echo(f"report: {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
-bench_app = typer.Typer(add_completion=False, no_args_is_help=True,
+bench_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                         help="Benchmarks of the training loop itself.")
 app.add_typer(bench_app, name="bench")
 
 
 @bench_app.command("curriculum")
 def bench_curriculum(
-    config: Annotated[Path, typer.Option("--config", help="bench YAML (a loop config plus a "
+    config: Annotated[Path, typer.Option("--config", metavar="FILE",
+                                         help="bench YAML (a loop config plus a "
                                          "`bench` section)")] = Path("configs/bench_arith.yaml"),
-    seeds: Annotated[int, typer.Option("--seeds", min=1, help="seeds per arm")] = 3,
-    out: Annotated[Path, typer.Option("--out", help="output directory (runs, results, plots); "
+    seeds: Annotated[int, typer.Option("--seeds", min=1, metavar="N", help="seeds per arm")] = 3,
+    out: Annotated[Path, typer.Option("--out", metavar="DIR",
+                                      help="output directory (runs, results, plots); "
                                       "finished runs in it are reused")] = Path("runs/bench"),
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", help="override: key.path=value")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="KEY=VALUE", help="override a config key (repeatable)")] = None,
 ) -> None:
     """Failure-driven curriculum vs uniform sampling vs online difficulty filtering, at equal
     rollout budget from one shared SFT cold start (see docs/results.md)."""

@@ -90,8 +90,13 @@ class Loop:
         whose store already holds a run is refused. The run's `runs` row is written once, when
         the run starts; resuming adds none.
         """
+        from sentinel.policy import check_policy_source
         from sentinel.spec_writer import bind_spec_writers
 
+        try:  # before the store is opened: a policy that cannot load leaves nothing behind
+            check_policy_source(self.config.policy.model)
+        except ValueError as exc:
+            raise LoopError(str(exc)) from None
         done = self._open_store(resume)
         cfg = self.config
         if done and done[-1] >= cfg.rounds:

@@ -117,3 +117,47 @@ def load_policy(path_or_id: str | Path, *, device: str = "cpu", dtype: str = "fl
     model.to(device)
     model.eval()
     return model, tokenizer
+
+
+def check_policy_source(model: str) -> None:
+    """Raise `ValueError` (message starting `policy.model`) unless `model` can be loaded: `tiny`;
+    an existing directory holding a `config.json`; or a hub id (`name` or `owner/name`) whose
+    `config.json` is in the local Hugging Face cache or, unless `HF_HUB_OFFLINE` is set, that the
+    hub answers for. Checked before a run writes anything, so a typo never leaves a store behind.
+    """
+    import os
+
+    if model == "tiny":
+        return
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"policy.model: the directory {path} holds no config.json (not a "
+                             "Hugging Face model directory)")
+        return
+    if path.exists():
+        raise ValueError(f"policy.model: {path} is a file; give 'tiny', a Hugging Face model "
+                         "directory or a hub id")
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        raise ValueError(f"policy.model: {model!r} is neither an existing directory nor a hub id "
+                         "of the form owner/name; give 'tiny', a Hugging Face model directory "
+                         "or a hub id") from None
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        return
+    looked = (f"no directory {path.resolve()} and no hub model {model!r} in the local Hugging "
+              "Face cache")
+    offline = any(os.environ.get(k, "").upper() in {"1", "ON", "YES", "TRUE"}
+                  for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if offline:
+        raise ValueError(f"policy.model: {looked} (HF_HUB_OFFLINE is set, so the hub was not "
+                         "asked)")
+    try:
+        model_info(model, timeout=10)
+    except Exception as exc:  # any failure (network, 404, gated, timeout): the run cannot load it
+        raise ValueError(f"policy.model: {looked}, and the hub did not answer for it "
+                         f"({type(exc).__name__})") from None

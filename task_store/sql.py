@@ -219,8 +219,10 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str, fmt: str, output: Path |
         if fmt == "table":
             from rich.console import Console
 
-            # A file gets a wide table; the terminal gets its own width.
-            write_table(columns, rows, Console(file=out, width=200 if output else None))
+            # A terminal gets its own width; a file or a pipe a table whose cells are never cut
+            # (rich sizes the table to its content, so nothing is padded).
+            to_terminal = output is None and out.isatty()
+            write_table(columns, rows, Console(file=out, width=None if to_terminal else 100_000))
         elif fmt == "json":
             write_json(columns, types, rows, out)
         else:

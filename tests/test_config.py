@@ -184,10 +184,12 @@ def test_non_mapping_top_level(tmp_path: Path, text: str) -> None:
         load_config(path)
 
 
-def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+def test_empty_file_is_an_error_not_a_default_run(tmp_path: Path) -> None:
     path = tmp_path / "empty.yaml"
     path.write_text("")
-    assert load_config(path) == SentinelConfig()
+    with pytest.raises(ConfigError, match="empty.yaml is empty"):
+        load_config(path)
+    assert load_config(data={}) == SentinelConfig()  # no file at all: the defaults
 
 
 def test_config_error_is_a_value_error() -> None:
