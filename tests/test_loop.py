@@ -133,11 +133,14 @@ def test_failures_classified_with_first_error_step(run_dir):
 def test_trajectory_rows_keep_tokens_masks_and_reward_terms(run_dir):
     rows = q(run_dir, "SELECT token_ids, loss_mask, prompt_len, reward, reward_terms "
                       "FROM trajectories WHERE split = 'train'")
+    weights = json.loads(q(run_dir, "SELECT config FROM runs")[0][0])["reward"]
     for ids, mask, prompt_len, reward, terms in rows:
         assert len(ids) == len(mask)
         assert not any(mask[:prompt_len])
-        assert set(json.loads(terms)) == {"outcome", "format", "process"}
-        assert reward >= 0.0
+        terms = json.loads(terms)
+        assert set(terms) == {"outcome", "format", "process"}
+        # The stored reward is the run's weighted sum of the stored terms.
+        assert reward == pytest.approx(sum(weights[f"w_{k}"] * v for k, v in terms.items()))
 
 
 def sentinel(*args: str) -> subprocess.CompletedProcess:
