@@ -194,15 +194,12 @@ def test_empty_store_renders(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_of_a_1000_round_run_is_fast_small_and_downsampled(tmp_path):
+def test_report_of_a_1000_round_run_is_small_and_downsampled(tmp_path):
+    """What keeps a long run's report cheap (benchmarks/report.py times it against a short
+    run's): every plot downsampled, the page a few MB at most."""
     synth_store(tmp_path / "sentinel.duckdb", rounds=1000)
-    start = time.perf_counter()
     out = build_report(tmp_path, tmp_path / "big.html")
-    seconds = time.perf_counter() - start
-    size = out.stat().st_size
-    print(f"1000-round report: {seconds:.2f} s, {size / 1e6:.2f} MB")
-    assert seconds < 5.0
-    assert size < 5_000_000
+    assert out.stat().st_size < 5_000_000
     page = out.read_text()
     success = page[page.index('id="plot-success"'):]
     success = success[:success.index("</svg>")]
@@ -292,17 +289,13 @@ TINY_RUN = {
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """Path of a headless Chromium, installed from the system's packages when missing."""
+    """Path of a headless Chromium. The suite never installs it: `make test` does, once, where
+    apt-get and root allow (see the Makefile), else this skips."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found:
-        return found
-    apt = shutil.which("apt-get")
-    if apt is None:
-        pytest.skip("chromium is missing and apt-get is unavailable to install it")
-    subprocess.run([apt, "update", "-qq"], check=True, timeout=600)
-    subprocess.run([apt, "install", "-y", "-qq", "chromium"], check=True, timeout=900,
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    return "/usr/bin/chromium"
+    if found is None:
+        pytest.skip("chromium is not installed (`make test` installs it with apt-get as root; "
+                    "or `apt-get install chromium`)")
+    return found
 
 
 def headless(chromium: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
