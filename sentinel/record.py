@@ -85,6 +85,9 @@ class RoundRecord:
                                    if k not in ("heldout_success", "heldout_greedy")}
         metrics["failures"] = dict(Counter(f.mode for f in self.failures))
         metrics["generators"] = self.generated
+        # A generator that crashed or timed out proposed no candidate: an error, not a rejection,
+        # so that n_proposed = n_accepted + n_rejected (as in the generator_yield view).
+        metrics["generator_errors"] = sum(c.get("errors", 0) for c in self.generated.values())
         return {
             "started_at": self.started, "finished_at": time.time(), "n_train_rollouts": len(train),
             "train_success": mean([float(t.success) for t in train]),
@@ -93,7 +96,7 @@ class RoundRecord:
             "heldout_greedy": self.metrics.get("heldout_greedy"),
             "n_proposed": sum(c.get("proposed", 0) for c in self.generated.values()),
             "n_accepted": sum(c.get("accepted", 0) for c in self.generated.values()),
-            "n_rejected": len(self.rejections),
+            "n_rejected": sum(c.get("rejected", 0) for c in self.generated.values()),
             "metrics": metrics, "timings": dict(self.timings),
         }
 
@@ -110,5 +113,7 @@ class RoundRecord:
             parts.append("failures " + ", ".join(f"{m}={n}" for m, n in modes.most_common()))
         if self.round > 0:
             parts.append(f"generated {row['n_accepted']} accepted / {row['n_rejected']} rejected")
+            if row["metrics"]["generator_errors"]:
+                parts.append(f"{row['metrics']['generator_errors']} generator errors")
         parts.append(f"[dim]{sum(self.timings.values()):.0f}s[/dim]")
         return "  ".join(parts)
