@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint clean
+CHROMIUM := $(VENV)/.chromium
+
+.PHONY: demo test lint mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,8 +25,23 @@ demo: $(STAMP)
 	$(BIN)/sentinel loop --config configs/quickstart.yaml --run-dir runs/quickstart
 	$(BIN)/sentinel status --run-dir runs/quickstart
 
-test: $(STAMP)
+# tests/test_report.py opens a real run's report in headless Chromium. Installed here, once, where
+# apt-get and root allow (never from inside the suite); elsewhere, or if the install fails, that
+# test skips and says why.
+$(CHROMIUM): $(STAMP)
+	-if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null \
+	    && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	fi
+	touch $@
+
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -q
+
+# One-line mutations of the analyzer, curriculum, rewards and the loop's phases, each run against
+# a fast subset of the tests in a copy of the tree; prints `survivors: N of M` (docs/testing.md).
+mutate: $(STAMP)
+	$(BIN)/python tools/mutate.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
