@@ -1,0 +1,297 @@
+"""Mutation testing, small and deterministic: does a test fail when a line it guards is broken?
+
+Each entry of `MUTATIONS` names a file, an exact snippet of it (usually one line), what to put in
+its place, and the tests that should notice (a fast subset: the whole suite is minutes). The
+working tree is copied once to a temporary directory (`git ls-files`: tracked files and untracked
+ones git does not ignore, as they are now), and each mutation is applied there in turn and
+reverted, so the live checkout is never touched. pytest runs in the copy with the copy first on
+`PYTHONPATH` (checked: `sentinel`, `task_store`, `generators` and `trainers` must import from the
+copy, not from the editable install), without its cache.
+
+Outcome per mutation: `killed` (a test failed or could not even be collected), `survived` (every
+test passed: a hole in the suite, or an equivalent mutant; docs/testing.md says which), `timeout`
+(counted as killed: the mutant made a test hang), `stale` (the snippet is not in the file exactly
+once: the code moved, update the entry) or `error` (pytest could not run the named tests). A
+baseline run of all the named tests on the unmutated copy comes first: if it fails, every mutant
+would look killed, so the run stops.
+
+    .venv/bin/python tools/mutate.py              # all of them; prints `survivors: N of M`
+    .venv/bin/python tools/mutate.py --list
+    .venv/bin/python tools/mutate.py --only loop-batch-is-all analyzer-
+
+Exit status: 0 when every mutation was applied and run, 1 when any was stale or errored or the
+baseline failed (survivors alone do not fail the run: they are listed in docs/testing.md and
+are meant to shrink).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("sentinel", "task_store", "generators", "trainers")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    before: str
+    after: str
+    tests: tuple[str, ...]
+
+
+ANALYZER = ("tests/test_analyzer.py", "tests/test_analyzer_corpus.py")
+CURRICULUM = ("tests/test_curriculum.py",)
+REWARDS = ("tests/test_rewards.py",)
+LOOP = ("tests/test_loop_fast.py",)
+
+MUTATIONS: list[Mutation] = [
+    # -- the ones issue #16 lists -------------------------------------------------------------
+    Mutation("loop-batch-is-all", "sentinel/loop.py",
+             "batch = self.curriculum.observe(trajs)",
+             "self.curriculum.observe(trajs); batch = trajs", LOOP),
+    Mutation("curriculum-observe-keeps-all", "sentinel/curriculum.py",
+             "return [t for t in trajectories if t.group_id in keep]",
+             "return list(trajectories)", (*CURRICULUM, *LOOP)),
+    Mutation("analyzer-loop-after-tool-error", "sentinel/analyzer.py",
+             '    "loop": detect_loop,\n'
+             '    "tool_error_unrecovered": detect_tool_error_unrecovered,\n',
+             '    "tool_error_unrecovered": detect_tool_error_unrecovered,\n'
+             '    "loop": detect_loop,\n', ANALYZER),
+    Mutation("analyzer-bad-arguments-any-tool", "sentinel/analyzer.py",
+             "return any(s.tool == step.tool for s in later)",
+             "return bool(later)", ANALYZER),
+    # -- analyzer -----------------------------------------------------------------------------
+    Mutation("analyzer-tool-error-any-call", "sentinel/analyzer.py",
+             "return any(_key(s) == _key(step) for s in later)",
+             "return any(s.tool == step.tool for s in later)", ANALYZER),
+    Mutation("analyzer-unknown-tool-never-recovered", "sentinel/analyzer.py",
+             'if step.error_kind == "unknown_tool":\n        return bool(later)',
+             'if step.error_kind == "unknown_tool":\n        return False', ANALYZER),
+    Mutation("analyzer-parse-error-not-ill-formed", "sentinel/analyzer.py",
+             'return step.kind in ("tool_call", "answer") and step.error_kind != "parse"',
+             'return step.kind in ("tool_call", "answer")', ANALYZER),
+    Mutation("analyzer-retries-count-as-loop", "sentinel/analyzer.py",
+             "if not _is_call(step) or step.error_kind in TRANSIENT_ERRORS:",
+             "if not _is_call(step):", ANALYZER),
+    Mutation("analyzer-loop-ignores-reference", "sentinel/analyzer.py",
+             "allowed = max(1, needed[key])", "allowed = 1", ANALYZER),
+    Mutation("analyzer-loop-off-by-one", "sentinel/analyzer.py",
+             "if seen[key] >= allowed + attempt.loop_repeats - 1:",
+             "if seen[key] >= allowed + attempt.loop_repeats:", ANALYZER),
+    Mutation("analyzer-premature-strict", "sentinel/analyzer.py",
+             "if made >= needed or any(", "if made > needed or any(", ANALYZER),
+    Mutation("analyzer-no-answer-first-error-at-result", "sentinel/analyzer.py",
+             "return _index(steps, had + 1), (", "return _index(steps, had), (", ANALYZER),
+    Mutation("analyzer-echo-incomplete-tags-ok", "sentinel/analyzer.py",
+             "return not (real and invented and complete and all(",
+             "return not (real and invented and all(", ANALYZER),
+    Mutation("analyzer-giving-up-is-format-error", "sentinel/analyzer.py",
+             "    if gave_up:\n        return None\n", "", ANALYZER),
+    Mutation("analyzer-wrong-answer-ignores-locate-error", "sentinel/analyzer.py",
+             "if isinstance(located, int) and located != first:",
+             "if False:", ANALYZER),
+    Mutation("analyzer-exemplars-not-distinct", "sentinel/analyzer.py",
+             "chosen = list(first_of_task.values())[:k]", "chosen = []", ANALYZER),
+    Mutation("analyzer-clusters-smallest-first", "sentinel/analyzer.py",
+             'rows.sort(key=lambda r: (-r["n_failures"], r["cluster_id"]))',
+             'rows.sort(key=lambda r: (r["n_failures"], r["cluster_id"]))', ANALYZER),
+    # -- curriculum ---------------------------------------------------------------------------
+    Mutation("curriculum-gate-drop-flipped", "sentinel/curriculum.py",
+             "if not self.drop:", "if self.drop:", CURRICULUM),
+    Mutation("curriculum-gate-dropped-not-cumulative", "sentinel/curriculum.py",
+             "self.dropped += len(flat)", "self.dropped = len(flat)", CURRICULUM),
+    Mutation("curriculum-mastery-strict", "sentinel/curriculum.py",
+             "and s.pass_rate >= self.mastery_threshold",
+             "and s.pass_rate > self.mastery_threshold", CURRICULUM),
+    Mutation("curriculum-mastery-min-samples-strict", "sentinel/curriculum.py",
+             "s.attempts >= self.mastery_min_samples",
+             "s.attempts > self.mastery_min_samples", CURRICULUM),
+    Mutation("curriculum-mined-oldest-first", "sentinel/curriculum.py",
+             "pool = [t for t in reversed(self.mined) if not self.mastered(t)]",
+             "pool = [t for t in self.mined if not self.mastered(t)]", CURRICULUM),
+    Mutation("curriculum-replay-includes-solved", "sentinel/curriculum.py",
+             "s.successes < s.attempts", "s.successes <= s.attempts", CURRICULUM),
+    Mutation("curriculum-mined-one-too-many", "sentinel/curriculum.py",
+             "self._fresh_mined()[: round(n * self.mined_fraction)]",
+             "self._fresh_mined()[: round(n * self.mined_fraction) + 1]", CURRICULUM),
+    Mutation("curriculum-held-out-sampled", "sentinel/curriculum.py",
+             "if task.task_id in seen or task.task_id in self.excluded_ids:",
+             "if task.task_id in seen:", CURRICULUM),
+    Mutation("curriculum-observe-counts-attempts-as-successes", "sentinel/curriculum.py",
+             "s.successes += successes", "s.successes += attempts", CURRICULUM),
+    Mutation("curriculum-resume-forgets-dropped", "sentinel/curriculum.py",
+             'self.gate.dropped = int(state.get("zero_variance_dropped", 0))',
+             "self.gate.dropped = 0", CURRICULUM),
+    Mutation("curriculum-success-signal-is-reward", "sentinel/curriculum.py",
+             "return float(trajectory.success)", "return float(trajectory.reward)",
+             CURRICULUM),
+    # -- rewards ------------------------------------------------------------------------------
+    Mutation("rewards-bad-arguments-sound", "sentinel/rewards.py",
+             'POLICY_CALL_ERRORS = ("unknown_tool", "bad_arguments", "parse")',
+             'POLICY_CALL_ERRORS = ("unknown_tool", "parse")', REWARDS),
+    Mutation("rewards-hallucination-well-formed", "sentinel/rewards.py",
+             '        and step.error_kind != "parse"\n        and step.hallucinated is not True\n',
+             '        and step.error_kind != "parse"\n', REWARDS),
+    Mutation("rewards-no-call-no-answer-process-1", "sentinel/rewards.py",
+             'return 1.0 if any(s.kind == "answer" for s in steps) else 0.0', "return 1.0",
+             REWARDS),
+    Mutation("rewards-process-weighted-by-format", "sentinel/rewards.py",
+             '+ config.w_process * terms["process"]', '+ config.w_format * terms["process"]',
+             (*REWARDS, *LOOP)),
+    Mutation("rewards-empty-format-1", "sentinel/rewards.py",
+             "    if not steps:\n        return 0.0\n", "    if not steps:\n        return 1.0\n",
+             REWARDS),
+    # -- the loop's phases --------------------------------------------------------------------
+    Mutation("loop-cluster-share-over-all-rollouts", "sentinel/loop.py",
+             "record.clusters = cluster_failures(record.failures, record.round, len(train),",
+             "record.clusters = cluster_failures(record.failures, record.round, "
+             "len(record.trajectories),", LOOP),
+    Mutation("loop-train-rollouts-not-stored", "sentinel/loop.py",
+             "record.trajectories += trajs", "pass", LOOP),
+    Mutation("cli-imports-torch", "sentinel/cli.py",
+             "from __future__ import annotations\n",
+             "from __future__ import annotations\n\nimport torch  # noqa: F401\n",
+             ("tests/test_cli_fast.py",)),
+    Mutation("record-evals-successes-are-samples", "sentinel/record.py",
+             '"successes": ok[task.task_id],', '"successes": k[task.task_id],', LOOP),
+    Mutation("record-train-reward-over-all-rollouts", "sentinel/record.py",
+             '"train_reward": mean([t.reward for t in train]),',
+             '"train_reward": mean([t.reward for t in self.trajectories]),', LOOP),
+    Mutation("rollout-mean-reward-off-by-one", "sentinel/rollout/__init__.py",
+             '"reward": sum(rewards) / n,', '"reward": sum(rewards) / (n + 1),', LOOP),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    """Copy the working tree as it is now (tracked and unignored untracked files) to `dest`."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():  # a tracked file deleted in the working tree is skipped
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def environment(tree: Path) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def check_imports(tree: Path) -> None:
+    """The copy, not the editable install, must be what the tests import."""
+    script = ("import sys, importlib; "
+              "print(*[importlib.import_module(p).__file__ for p in sys.argv[1:]])")
+    out = subprocess.run([sys.executable, "-c", script, *PACKAGES], cwd=tree,
+                         env=environment(tree), check=True, capture_output=True,
+                         text=True).stdout.split()
+    strays = [f for f in out if not Path(f).resolve().is_relative_to(tree.resolve())]
+    if strays:
+        sys.exit(f"mutate: the copy is not what Python imports: {strays}")
+
+
+def pytest(tree: Path, tests: tuple[str, ...], timeout: float) -> tuple[int | None, str]:
+    """(pytest's exit status or None on timeout, the tail of its output)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
+           "not gpu", "--no-header", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=tree, env=environment(tree), capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, ""
+    return proc.returncode, (proc.stdout + proc.stderr)[-2000:]
+
+
+def first_failure(output: str) -> str:
+    """The first `FAILED`/`ERROR` line of pytest's summary: which test caught the mutant."""
+    lines = [ln for ln in output.splitlines() if ln.startswith(("FAILED", "ERROR"))]
+    return lines[0].split(" - ")[0] if lines else ""
+
+
+def apply(tree: Path, m: Mutation) -> str | None:
+    """Apply `m` in `tree`; returns the original text to restore, None when stale."""
+    path = tree / m.path
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    if text.count(m.before) != 1:
+        return None
+    path.write_text(text.replace(m.before, m.after))
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", default=[],
+                        help="run the mutations whose name starts with one of these")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per pytest run")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the unmutated run of the named tests")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.name.startswith(tuple(args.only))]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:48} {m.path:29} {' '.join(m.tests)}")
+        return 0
+    if not chosen:
+        print("mutate: no mutation matches", args.only, file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory(prefix="sentinel-mutate-") as tmp:
+        tree = Path(tmp)
+        copy_tree(tree)
+        check_imports(tree)
+        if not args.no_baseline:
+            tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+            status, tail = pytest(tree, tests, args.timeout * 3)
+            if status != 0:
+                print(f"mutate: the unmutated tests do not pass (status {status}):\n{tail}")
+                return 1
+            print(f"baseline: {len(tests)} test files pass unmutated")
+        outcomes: dict[str, list[str]] = {}
+        for m in chosen:
+            start = time.perf_counter()
+            original = apply(tree, m)
+            if original is None:
+                outcome, detail = "stale", f"snippet not found exactly once in {m.path}"
+            else:
+                try:
+                    status, tail = pytest(tree, m.tests, args.timeout)
+                finally:
+                    (tree / m.path).write_text(original)
+                if status is None:
+                    outcome, detail = "timeout", ""
+                elif status in (1, 2):  # tests failed / collection failed
+                    outcome, detail = "killed", first_failure(tail)
+                elif status == 0:
+                    outcome, detail = "survived", ""
+                else:
+                    outcome, detail = "error", f"pytest status {status}: {tail[-400:]}"
+            outcomes.setdefault(outcome, []).append(m.name)
+            print(f"{outcome:9} {m.name:48} {time.perf_counter() - start:6.1f} s  {detail}",
+                  flush=True)
+    survivors = outcomes.get("survived", [])
+    ran = sum(len(v) for k, v in outcomes.items() if k in ("killed", "survived", "timeout"))
+    for outcome in ("stale", "error"):
+        if outcomes.get(outcome):
+            print(f"{outcome}: {', '.join(outcomes[outcome])}")
+    if survivors:
+        print(f"survived: {', '.join(survivors)}")
+    print(f"survivors: {len(survivors)} of {ran}")
+    return 1 if outcomes.get("stale") or outcomes.get("error") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
