@@ -46,6 +46,8 @@ PHASES = ("sft", "rollout", "train", "eval", "analyze", "generate", "store")
 TRAIN_METRICS = ("reward", "loss", "kl", "entropy", "clip_ratio", "grad_norm")
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
            "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#8c564b")
+ACCEPTED = "#59a14f"  # green; no rejection reason shares it
+MAX_FIXES = 12
 W, H = 760, 260
 ML, MR, MT, MB = 52, 16, 14, 34
 
@@ -339,11 +341,16 @@ def collect(con: Any) -> dict[str, Any]:
     ctx["run"] = ({"run_id": run[0][0], "created_at": run[0][1], "schema_version": run[0][3],
                    "config": json.dumps(json.loads(run[0][2] or "null"), indent=2)}
                   if run else None)
-    n_rounds, last_round = _rows(con, "SELECT count(*), max(round) FROM rounds")[0]
-    ctx["n_rounds"], ctx["last_round"] = n_rounds, last_round
+    n_rounds, last_round, n_grpo = _rows(
+        con, "SELECT count(*), max(round), count(*) FILTER (WHERE round > 0) FROM rounds")[0]
+    # Round 0 is the SFT cold start: the header counts GRPO rounds, and names round 0 apart.
+    ctx["n_rounds"], ctx["last_round"], ctx["n_grpo_rounds"] = n_rounds, last_round, n_grpo
+    ctx["has_round_0"] = bool(_rows(con, "SELECT 1 FROM rounds WHERE round = 0"))
     ctx["totals"] = dict(zip(
-        ("trajectories", "failures", "generated", "rejected"),
-        _rows(con, """SELECT (SELECT count(*) FROM trajectories), (SELECT count(*) FROM failures),
+        ("train_rollouts", "heldout_rollouts", "failures", "generated", "rejected"),
+        _rows(con, """SELECT (SELECT count(*) FROM trajectories WHERE split = 'train'),
+                             (SELECT count(*) FROM trajectories WHERE split = 'eval'),
+                             (SELECT count(*) FROM failures),
                              (SELECT count(*) FROM tasks WHERE origin = 'generated'),
                              (SELECT count(*) FROM rejections)""")[0], strict=True))
     if not n_rounds:
@@ -449,11 +456,13 @@ def collect(con: Any) -> dict[str, Any]:
     if generators:
         segments = {"accepted": [accepted.get(g, 0) for g in generators]}
         segments |= {f"rejected: {r}": [rej.get((g, r), 0) for g in generators] for r in reasons}
-        colours = {"accepted": "#59a14f"} | {f"rejected: {r}": PALETTE[(i + 1) % len(PALETTE)]
-                                             for i, r in enumerate(reasons)}
+        others = [c for c in PALETTE if c != ACCEPTED]
+        colours = {"accepted": ACCEPTED} | {f"rejected: {r}": others[i % len(others)]
+                                            for i, r in enumerate(reasons)}
         ctx["plots"]["generators"] = hbars("plot-generators", [str(g) for g in generators],
                                            segments, colours=colours, label="generator yield")
 
+    ctx["fixes"] = _fixes(con)
     ctx["gallery"] = _gallery(con)
 
     # Timing per phase: seconds per round (bucket mean) and totals.
@@ -488,24 +497,66 @@ _LINKS = """
     WHERE t.origin = 'generated' AND len(coalesce(t.failure_ids, [])) = 0"""
 
 
+def _fixes(con: Any) -> list[dict[str, Any]]:
+    """Did training on the generated tasks fix the failures they came from? Per failure cluster
+    (family, mode, sorted skills: what `failures.cluster_id` hashes, so older stores work too)
+    that generated tasks came from: `round`, the first round its failures were mined in; `before`,
+    its failures as a share of that round's train rollouts; `after`, the same share pooled over
+    the later rounds, whose curriculum trains on those tasks (None while there is none);
+    `trained_rollouts` on those tasks in the later rounds. As `generator_yield`'s
+    `clusters_shrank`, per cluster rather than per generator. The `MAX_FIXES` clusters with the
+    most failures in their mining round come first."""
+    rows = _rows(con, f"""
+        WITH fc AS (SELECT failure_id, round, family, mode, list_sort(skills) AS skills
+                    FROM failures),
+        mined AS (
+          SELECT fc.family, fc.mode, fc.skills, min(t.created_round) AS g,
+                 list(DISTINCT t.task_id) AS kids
+          FROM ({_LINKS}) l JOIN fc USING (failure_id) JOIN tasks t USING (task_id)
+          GROUP BY ALL),
+        n AS (SELECT round, count(*) AS n FROM trajectories WHERE split = 'train'
+              GROUP BY round),
+        k AS (SELECT family, mode, skills, round, count(*) AS k FROM fc GROUP BY ALL)
+        SELECT m.family, m.mode, m.skills, m.g,
+               (SELECT sum(k.k) FROM k WHERE (k.family, k.mode, k.skills)
+                   = (m.family, m.mode, m.skills) AND k.round = m.g)
+                 / (SELECT sum(n.n) FROM n WHERE n.round = m.g) AS before,
+               coalesce((SELECT sum(k.k) FROM k WHERE (k.family, k.mode, k.skills)
+                   = (m.family, m.mode, m.skills) AND k.round > m.g), 0)
+                 / (SELECT sum(n.n) FROM n WHERE n.round > m.g) AS after,
+               (SELECT count(*) FROM trajectories r WHERE r.split = 'train' AND r.round > m.g
+                   AND list_contains(m.kids, r.task_id)) AS trained,
+               len(m.kids) AS n_tasks
+        FROM mined m ORDER BY before DESC NULLS LAST, m.mode, m.family LIMIT ?""", [MAX_FIXES])
+    return [{"family": family, "mode": mode, "skills": skills or [], "round": g,
+             "before": before, "after": after, "trained_rollouts": trained, "n_tasks": n_tasks}
+            for family, mode, skills, g, before, after, trained, n_tasks in rows]
+
+
 def _gallery(con: Any) -> list[dict[str, Any]]:
-    """A few failed rollouts (one failure mode after another, those that led to the most generated
-    tasks first), each with the tasks generated from it and their latest pass rate."""
+    """A few failed rollouts (one failure mode after another; first those whose generated tasks
+    were trained on, so their pass rate answers "did it fix the failure?", then those that led to
+    the most generated tasks), each with the tasks generated from it and their latest pass rate.
+    """
     picked = _rows(con, f"""
         WITH kids AS ({_LINKS}),
+        trained AS (SELECT DISTINCT task_id FROM trajectories WHERE split = 'train'),
         counted AS (
           SELECT f.failure_id, any_value(f.traj_id) AS traj_id, any_value(f.task_id) AS task_id,
                  any_value(f.round) AS round, any_value(f.mode) AS mode,
                  any_value(f.evidence) AS evidence,
-                 any_value(f.first_error_step) AS first_error_step, count(k.task_id) AS n_kids
-          FROM failures f LEFT JOIN kids k USING (failure_id) GROUP BY f.failure_id),
+                 any_value(f.first_error_step) AS first_error_step, count(k.task_id) AS n_kids,
+                 count(tr.task_id) AS n_trained
+          FROM failures f LEFT JOIN kids k USING (failure_id)
+          LEFT JOIN trained tr ON tr.task_id = k.task_id GROUP BY f.failure_id),
         ranked AS (
-          SELECT *, row_number() OVER (PARTITION BY mode ORDER BY n_kids DESC, failure_id) AS rn
+          SELECT *, row_number() OVER (PARTITION BY mode
+                                       ORDER BY n_trained DESC, n_kids DESC, failure_id) AS rn
           FROM counted)
         SELECT r.failure_id, r.traj_id, r.task_id, r.round, r.mode, r.evidence,
                r.first_error_step, r.n_kids, t.messages, t.reward, t.finish_reason, t.answer
         FROM ranked r JOIN trajectories t USING (traj_id)
-        WHERE r.rn <= ? ORDER BY r.rn, r.n_kids DESC, r.failure_id LIMIT ?""",
+        WHERE r.rn <= ? ORDER BY r.rn, r.n_trained DESC, r.n_kids DESC, r.failure_id LIMIT ?""",
                    [GALLERY_SIZE, GALLERY_SIZE])
     if not picked:
         return []

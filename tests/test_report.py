@@ -182,6 +182,12 @@ def test_lineage_follows_parent_links_when_a_generator_names_no_failures(tmp_pat
                         'parent_only')""",
                         [f"orphan-{i}", json.dumps([{"role": "user", "content": f"Child {i}"}]),
                          rnd, task_id])
+        con.execute("""
+            INSERT INTO trajectories (traj_id, round, split, task_id, group_id, sample_idx,
+                messages, token_ids, loss_mask, prompt_len, n_tokens, n_policy_tokens, n_turns,
+                finish_reason, answer, reward, reward_terms, success)
+            SELECT 'orphan-tr-' || i, ? + 1, 'train', 'orphan-1', 'go', i, '[]', [1], [0], 1, 1,
+                   0, 1, 'answer', '0', 0.0, '{}', true FROM range(3) t(i)""", [rnd])
     page = build_report(tmp_path).read_text()
     lineage = page[page.index('id="lineage"'):page.index('id="timing"')]
     assert "orphan-1" in lineage and "orphan-2" in lineage and "parent_only" in lineage
@@ -338,3 +344,104 @@ def test_report_of_a_real_run_renders_in_headless_chromium(tmp_path_factory, chr
     assert shot.returncode == 0, shot.stderr[-2000:]
     assert SCREENSHOT.stat().st_size > 20_000
     print(f"screenshot: {SCREENSHOT}")
+
+
+# -- numbers that agree, and a report that answers its question (issue #20 §5) -----------------
+
+def _legend(page: str, plot_id: str) -> list[tuple[str, str]]:
+    """(colour, label) of each legend entry of the figure holding `plot_id`."""
+    figure = page[page.index(f'id="{plot_id}"'):]
+    figure = figure[:figure.index("</figure>")]
+    return re.findall(r'<i style="background:(#[0-9a-f]{6})"></i>([^<]*)</span>', figure)
+
+
+def test_every_generator_outcome_has_its_own_colour(tmp_path):
+    store = synth_store(tmp_path / "sentinel.duckdb", rounds=3)
+    with store.connect(read_only=False) as con:
+        con.execute("""
+            INSERT INTO rejections (rejection_id, round, generator, family, spec, reason, detail)
+            SELECT 'extra-' || i, 1, 'mutate', 'arith', '{}',
+                   ['too_easy', 'too_hard', 'schema', 'probe_budget', 'unparseable'][i + 1], ''
+            FROM range(5) t(i)""")
+    legend = _legend(build_report(tmp_path).read_text(), "plot-generators")
+    labels = [label for _, label in legend]
+    assert "accepted" in labels and "rejected: too_easy" in labels
+    assert len({colour for colour, _ in legend}) == len(legend), legend
+
+
+def test_header_counts_grpo_rounds_and_splits_rollouts(tmp_path):
+    store = synth_store(tmp_path / "sentinel.duckdb", rounds=3)  # round 0 (SFT), rounds 1-2
+    with store.connect(read_only=False) as con:
+        con.execute("""
+            INSERT INTO trajectories (traj_id, round, split, task_id, group_id, sample_idx,
+                messages, token_ids, loss_mask, prompt_len, n_tokens, n_policy_tokens, n_turns,
+                finish_reason, answer, reward, reward_terms, success)
+            SELECT 'ev-' || i, 2, 'eval', 'eval-0', 'ge', i, '[]', [1], [0], 1, 1, 0, 1,
+                   'answer', '0', 0.0, '{}', false FROM range(5) t(i)""")
+    page = build_report(tmp_path).read_text()
+    kpis = page[page.index('class="kpis"'):]
+    kpis = re.sub(r"\s+", " ", kpis[:kpis.index("</div>\n</div>")])
+    assert "GRPO rounds<b>2</b>" in kpis and "after the SFT round 0" in kpis
+    assert "train / held-out rollouts<b>64 / 5</b>" in kpis, kpis
+
+
+def test_did_it_fix_the_failure_gives_each_clusters_share_before_and_after(tmp_path):
+    from sentinel.report import collect
+
+    store = synth_store(tmp_path / "sentinel.duckdb", rounds=4)
+    with store.connect(read_only=True) as con:
+        fixes = collect(con)["fixes"]
+    _, failures = store.query("SELECT failure_id, round, mode FROM failures")
+    _, train = store.query("SELECT round, count(*) FROM trajectories WHERE split = 'train' "
+                           "GROUP BY round")
+    _, links = store.query("SELECT unnest(failure_ids), created_round, task_id FROM tasks "
+                           "WHERE origin = 'generated'")
+    _, rollouts = store.query("SELECT task_id, round FROM trajectories WHERE split = 'train'")
+    n_train = dict(train)
+    mode_of = {fid: mode for fid, _, mode in failures}
+    mined: dict[str, int] = {}
+    kids: dict[str, set[str]] = {}
+    for fid, created, task_id in links:
+        mined[mode_of[fid]] = min(created, mined.get(mode_of[fid], created))
+        kids.setdefault(mode_of[fid], set()).add(task_id)
+    assert {f["mode"] for f in fixes} == set(mined)
+    for fix in fixes:
+        g = mined[fix["mode"]]
+        later = [r for r in n_train if r > g]
+
+        def share(rounds: list[int], mode: str = fix["mode"]) -> float | None:
+            n = sum(n_train[r] for r in rounds)
+            return sum(1 for _, r, m in failures if m == mode and r in rounds) / n if n else None
+
+        assert fix["round"] == g and fix["n_tasks"] == len(kids[fix["mode"]])
+        assert fix["trained_rollouts"] == sum(1 for t, r in rollouts
+                                              if t in kids[fix["mode"]] and r > g)
+        assert fix["before"] == pytest.approx(share([g]))
+        if later:
+            assert fix["after"] == pytest.approx(share(later))
+        else:
+            assert fix["after"] is None
+    trained = [f for f in fixes if f["trained_rollouts"] > 0]
+    assert trained
+    page = build_report(tmp_path).read_text()
+    section = page[page.index('id="fixed"'):page.index('id="lineage"')]
+    assert f"{trained[0]['before']:.3f}" in section and f"{trained[0]['after']:.3f}" in section
+
+
+def test_gallery_prefers_failures_whose_tasks_were_trained(tmp_path):
+    store = synth_store(tmp_path / "sentinel.duckdb", rounds=4)
+    with store.connect(read_only=False) as con:
+        # The last round's failures get the most generated tasks, which no round trains.
+        last = con.execute("SELECT failure_id, task_id FROM failures WHERE round = 3 "
+                           "ORDER BY failure_id LIMIT 3").fetchall()
+        for fid, task_id in last:
+            for i in (1, 2, 3):
+                con.execute("""
+                    INSERT INTO tasks (task_id, family, spec, prompt, answer, skills, origin,
+                        created_round, parent_task_id, failure_ids, generator)
+                    VALUES (?, 'arith', '{}', '[]', '0', ['op:add'], 'generated', 3, ?, [?],
+                            'mutate')""", [f"late-{fid}-{i}", task_id, fid])
+    page = build_report(tmp_path).read_text()
+    lineage = page[page.index('id="lineage"'):page.index('id="timing"')]
+    first = lineage[:lineage.index('class="lineage"', lineage.index('class="lineage"') + 1)]
+    assert "latest pass rate: <b>" in first  # its generated tasks have been trained on
