@@ -63,7 +63,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
@@ -383,6 +383,8 @@ class FailureAnalyzer:
         self.families = families
         self.loop_repeats = loop_repeats
         self._references: dict[str, Reference | None] = {}
+        # cluster_id -> [(round, share of rollouts)] of earlier rounds: the trend's input.
+        self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
 
     def reference(self, task: Task) -> Reference | None:
         """The family's reference solution of `task` (normalised calls and answer), None if it
@@ -428,6 +430,26 @@ class FailureAnalyzer:
             skills=list(task.skills or []),
             family=task.family,
         )
+
+    def analyze(self, trajectories: list[Trajectory], tasks: dict[str, Task],
+                round: int) -> tuple[list[Failure], list[ClusterRow]]:
+        """A round's training trajectories: the failures of the failed ones (in order) and their
+        clusters (`cluster_failures`, shares over all of `trajectories`, trends from the rounds
+        this analyzer saw before); the clusters are remembered for later rounds' trends."""
+        failures = [f for t in trajectories if not t.success
+                    for f in [self.classify(tasks[t.task_id], t)] if f is not None]
+        if not trajectories:
+            return failures, []
+        clusters = cluster_failures(failures, round, len(trajectories), history=self.history,
+                                    tasks=tasks)
+        self.remember((c["cluster_id"], c["round"], c["share"]) for c in clusters)
+        return failures, clusters
+
+    def remember(self, shares: Iterable[tuple[str, int, float]]) -> None:
+        """Add `(cluster_id, round, share)` rows (a resumed run's stored clusters) to the trend
+        history."""
+        for cluster_id, r, share in shares:
+            self.history[cluster_id].append((r, share))
 
 
 def cluster_key(failure: Failure) -> tuple[str, tuple[str, ...], str]:

@@ -24,13 +24,12 @@ failures would leak the test set into training).
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from sentinel.analyzer import FailureAnalyzer, cluster_failures
+from sentinel.analyzer import FailureAnalyzer
 from sentinel.config import SentinelConfig
 from sentinel.curriculum import Curriculum
 from sentinel.env.chat import ChatFormat
@@ -73,12 +72,7 @@ class Loop:
             excluded_ids={t.task_id for t in self.eval_tasks})
         self.analyzer = FailureAnalyzer(self.families)
         self.generators = [load_generator(spec) for spec in config.generators]
-        from sentinel.spec_writer import bind_spec_writers
-
-        bind_spec_writers(self.generators)  # a `teacher` with `model: tiny` gets its model here
         self.store = Store(self.run_dir.store_path)
-        # cluster_id -> [(round, share of rollouts)]: the analyzer's trend input.
-        self.cluster_history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.history: list[dict[str, Any]] = []
 
     # -- driver --------------------------------------------------------------------------------
@@ -90,7 +84,7 @@ class Loop:
         whose store already holds a run is refused. The run's `runs` row is written once, when
         the run starts; resuming adds none.
         """
-        from sentinel.policy import check_policy_source
+        from sentinel.policy import check_policy_source, load_run_policy
         from sentinel.spec_writer import bind_spec_writers
 
         try:  # before the store is opened: a policy that cannot load leaves nothing behind
@@ -107,7 +101,7 @@ class Loop:
         logger = make_logger(cfg.logging, self.run_dir.path,
                              run_config=cfg.model_dump(mode="json"), console=self.console)
         try:
-            model, tokenizer = self._load_policy()
+            model, tokenizer = load_run_policy(cfg.policy, self.run_dir.policy_init_dir, cfg.seed)
             rollouts = Rollouts(
                 build_backend(cfg.rollout.backend, model, tokenizer,
                               batch_size=cfg.rollout.batch_size, engine=cfg.rollout.engine),
@@ -155,28 +149,13 @@ class Loop:
             raise LoopError(f"{self.run_dir.path}: committed rounds {done} are not contiguous")
         return done
 
-    # -- policy --------------------------------------------------------------------------------
-    def _load_policy(self) -> tuple[Any, Any]:
-        import torch
-
-        from sentinel.policy import build_tiny_policy, load_policy
-
-        torch.manual_seed(self.config.seed)
-        source: str | Path = self.config.policy.model
-        if source == "tiny":
-            source = self.run_dir.policy_init_dir
-            if not (source / "config.json").exists():
-                build_tiny_policy(source, self.config.policy.tiny)
-        return load_policy(source, device=self.config.policy.device,
-                           dtype=self.config.policy.dtype)
-
     def _new_trainer(self, model: Any, tokenizer: Any) -> Any:
         from trainers.grpo import GRPOTrainer
 
-        b = self.config.batch
-        return GRPOTrainer(
-            model, self.config.grpo_trainer_config(), pad_token_id=tokenizer.pad_token_id,
-            total_steps=self.config.rounds * b.steps_per_round * self.config.grpo.num_iterations)
+        cfg = self.config
+        steps = cfg.rounds * cfg.batch.steps_per_round * cfg.grpo.num_iterations
+        return GRPOTrainer(model, cfg.grpo_trainer_config(), pad_token_id=tokenizer.pad_token_id,
+                           total_steps=steps)
 
     # -- phases --------------------------------------------------------------------------------
     def _rollout(self, rollouts: Rollouts, tasks: list[Task], samples: int, label: str,
@@ -212,8 +191,7 @@ class Loop:
             fault_point("rollout", r)
             with record.timed("rollout"):
                 tasks = self.curriculum.sample(cfg.tasks_per_step)
-                for t in tasks:
-                    record.tasks.setdefault(t.task_id, t)
+                record.tasks |= {t.task_id: t for t in tasks if t.task_id not in record.tasks}
                 trajs = self._rollout(
                     rollouts, tasks, cfg.group_size,
                     f"round {r} step {step + 1}/{cfg.steps_per_round} rollouts",
@@ -242,17 +220,8 @@ class Loop:
 
     def _analyze(self, record: RoundRecord) -> None:
         with record.timed("analyze"):
-            train = record.train()
-            for t in train:
-                failure = None if t.success else self.analyzer.classify(record.tasks[t.task_id], t)
-                if failure is not None:
-                    record.failures.append(failure)
-            if train:
-                record.clusters = cluster_failures(record.failures, record.round, len(train),
-                                                   history=self.cluster_history,
-                                                   tasks=record.tasks)
-            for row in record.clusters:
-                self.cluster_history[row["cluster_id"]].append((row["round"], row["share"]))
+            record.failures, record.clusters = self.analyzer.analyze(
+                record.train(), record.tasks, record.round)
 
     def _generate(self, record: RoundRecord, rollouts: Rollouts, policy: Any) -> list[Task]:
         from generators import GenerationContext, run_generators
@@ -264,8 +233,8 @@ class Loop:
                 trajs = self._rollout(rollouts, tasks, gen.probe_samples,
                                       f"round {r} difficulty probe", split="probe", round=r,
                                       group_prefix=f"r{r}probe")
-            probed = record.metrics.get("probe_rollouts", 0.0) + len(trajs)
-            record.metrics["probe_rollouts"] = probed
+            n = record.metrics.get("probe_rollouts", 0.0)
+            record.metrics["probe_rollouts"] = n + len(trajs)
             return pass_rates(trajs)
 
         with record.timed("generate"):
@@ -322,9 +291,8 @@ class Loop:
             extra = self.run_dir.load_checkpoint(round, model, trainer)
         except FileNotFoundError as exc:
             raise LoopError(str(exc)) from None
-        _, rows = self.store.query("SELECT cluster_id, round, share FROM clusters ORDER BY round")
-        for cluster_id, r, share in rows:
-            self.cluster_history[cluster_id].append((r, share))
+        self.analyzer.remember(
+            self.store.query("SELECT cluster_id, round, share FROM clusters ORDER BY round")[1])
         version, internal, gauss = extra["loop_rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.curriculum.load_state_dict(extra["curriculum"])

@@ -161,3 +161,18 @@ def check_policy_source(model: str) -> None:
     except Exception as exc:  # any failure (network, 404, gated, timeout): the run cannot load it
         raise ValueError(f"policy.model: {looked}, and the hub did not answer for it "
                          f"({type(exc).__name__})") from None
+
+
+def load_run_policy(config: Any, init_dir: Path, seed: int) -> tuple:
+    """The policy a run starts from, as `(model, tokenizer)`: `config.model` (a `PolicyConfig`)
+    loaded on `config.device` in `config.dtype`; `tiny` is the embedded model, built from
+    `config.tiny` into `init_dir` the first time (seeded with `seed`) and loaded from there."""
+    import torch
+
+    torch.manual_seed(seed)
+    source: str | Path = config.model
+    if source == "tiny":
+        source = Path(init_dir)
+        if not (source / "config.json").exists():
+            build_tiny_policy(source, config.tiny)
+    return load_policy(source, device=config.device, dtype=config.dtype)

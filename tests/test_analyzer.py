@@ -441,3 +441,27 @@ def test_unknown_tool_is_recovered_by_any_later_successful_call():
     assert (failure.mode, failure.first_error_step) == ("unknown_tool", 1)
     failure = classify([call(0, "3+4", "7"), unknown, lookup(2, "x", "5"), answer(3, "36")])
     assert failure.mode != "unknown_tool"
+
+
+def test_analyze_classifies_failed_rollouts_and_remembers_shares_for_the_trend():
+    """`analyze` is one round: failures of the failed rollouts (successes skipped), clusters
+    with shares over all rollouts, and a trend from the rounds this analyzer saw; `remember`
+    gives a resumed analyzer the same history."""
+    wrong = [call(0, "3+4", "7"), call(1, "7*5", "35"), answer(2, "36")]
+    right = [call(0, "3+4", "7"), call(1, "7*5", "35"), answer(2, "35")]
+    tasks = {TASK.task_id: TASK}
+
+    def round_of(n_wrong: int, n: int) -> list[Trajectory]:
+        return [trajectory(wrong) for _ in range(n_wrong)] + [
+            trajectory(right, success=True) for _ in range(n - n_wrong)]
+
+    analyzer = FailureAnalyzer({"arith": ARITH})
+    failures, clusters = analyzer.analyze(round_of(2, 4), tasks, round=1)
+    assert [f.mode for f in failures] == ["wrong_answer", "wrong_answer"]
+    assert len(clusters) == 1 and clusters[0]["share"] == 0.5 and clusters[0]["trend"] is None
+    _, clusters = analyzer.analyze(round_of(1, 4), tasks, round=2)
+    assert clusters[0]["share"] == 0.25 and clusters[0]["trend"] == pytest.approx(-0.25)
+    resumed = FailureAnalyzer({"arith": ARITH})
+    resumed.remember([(clusters[0]["cluster_id"], 1, 0.5)])
+    assert resumed.analyze(round_of(1, 4), tasks, round=2)[1][0]["trend"] == pytest.approx(-0.25)
+    assert analyzer.analyze([], tasks, round=3) == ([], [])
