@@ -41,7 +41,7 @@ def cli(*args: str):
 def test_an_empty_config_file_is_an_error(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("# nothing here yet\n")
-    with pytest.raises(ConfigError, match="empty.yaml is empty"):
+    with pytest.raises(ConfigError, match=r"empty\.yaml is empty"):
         load_config(empty)
     result = cli("loop", "--config", str(empty), "--run-dir", str(tmp_path / "run"))
     assert result.exit_code == 2, result.output

@@ -187,7 +187,7 @@ def test_non_mapping_top_level(tmp_path: Path, text: str) -> None:
 def test_empty_file_is_an_error_not_a_default_run(tmp_path: Path) -> None:
     path = tmp_path / "empty.yaml"
     path.write_text("")
-    with pytest.raises(ConfigError, match="empty.yaml is empty"):
+    with pytest.raises(ConfigError, match=r"empty\.yaml is empty"):
         load_config(path)
     assert load_config(data={}) == SentinelConfig()  # no file at all: the defaults
 
