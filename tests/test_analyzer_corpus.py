@@ -102,3 +102,13 @@ def test_corpus_is_what_the_environment_produces(chat: ChatFormat):
         assert replayed["success"] is False, case["id"]
         for key in ("finish_reason", "answer", "steps"):
             assert replayed[key] == case[key], (case["id"], key)
+
+
+@pytest.mark.parametrize("case_id", ["wrong-copy-equals-intermediate",
+                                     "wrong-miscopied-operand-same-result"])
+def test_a_copy_error_whose_result_is_an_intermediate_value_is_the_first_error(case_id):
+    """Issue #20: `18-(3+11)` → `3+11`, `1*14`, answer 14 — the copy error `1*14` is the first
+    wrong step although its result equals an intermediate value by chance."""
+    case = next(c for c in load_corpus() if c["id"] == case_id)
+    failure = classify(case)
+    assert (failure.mode, failure.first_error_step) == ("wrong_answer", 1)

@@ -12,6 +12,7 @@ Skills: `op:add|sub|mul|div`, `steps:k`, `parens` (the printed form needs parent
 from __future__ import annotations
 
 import random
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -27,6 +28,8 @@ from sentinel.tasks.base import (
     TaskFamily,
 )
 from sentinel.types import Step, Task
+
+_NUMBER = re.compile(r"\d+")  # the unsigned integer literals of an expression
 
 OP_SKILL = {"+": "op:add", "-": "op:sub", "*": "op:mul", "/": "op:div"}
 MAX_TRIES = 200
@@ -217,15 +220,21 @@ class ArithFamily(TaskFamily):
 
     def locate_error(self, task: Task, steps: list[Step]) -> int | None:
         """First step that is not progress: a failed call, a call whose result is not one of the
-        reference's intermediate values, or a wrong final answer."""
+        reference's intermediate values, a call using a number that is neither in the task nor a
+        result obtained before it (a copy error, even when its result equals an intermediate
+        value by chance: `18-(3+11)` → `3+11`, `1*14`), or a wrong final answer."""
         expected = {str(int(v)) for v in self._values(parse(task.spec["expr"]))}
+        grounded = set(_NUMBER.findall(task.spec["expr"]))
         for step in steps:
             if step.kind == "answer":
                 return None if self.verify(task, step.answer) else step.index
             if step.kind != "tool_call" or step.error is not None:
                 return step.index
-            if (step.observation or "").strip() not in expected:
+            result = (step.observation or "").strip()
+            used = set(_NUMBER.findall(str((step.arguments or {}).get("expression", ""))))
+            if result not in expected or not used <= grounded:
                 return step.index
+            grounded.add(result.lstrip("-"))
         return steps[-1].index if steps else None
 
     # -- edits ---------------------------------------------------------------------------------
