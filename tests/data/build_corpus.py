@@ -280,7 +280,7 @@ CASES: list[tuple[str, str, list[str], list[str | None], str, int | None, str]] 
     ("wrong-copy-equals-intermediate", "18-(3+11)", ["C:3+11", "C:1*14", "A:14"], [],
      "wrong_answer", 1, "copied 18 as 1; 1*14 gives the intermediate 14 by chance"),
     ("wrong-miscopied-operand-same-result", "(5+7)-2", ["C:5+7", "C:2*6", "A:12"], [],
-     "wrong_answer", 1, "took 6 from nowhere; 2*6 repeats the intermediate 12 instead of subtracting"),
+     "wrong_answer", 1, "took 6 from nowhere; 2*6 repeats 12 instead of subtracting"),
     ("wrong-grounded-then-miscopied-answer", "(4+5)*2", ["C:4+5", "C:9*2", "A:81"], [],
      "wrong_answer", 2, "both calls use numbers it had; the answer is miscopied"),
 ]
