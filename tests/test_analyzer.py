@@ -465,3 +465,26 @@ def test_analyze_classifies_failed_rollouts_and_remembers_shares_for_the_trend()
     resumed.remember([(clusters[0]["cluster_id"], 1, 0.5)])
     assert resumed.analyze(round_of(1, 4), tasks, round=2)[1][0]["trend"] == pytest.approx(-0.25)
     assert analyzer.analyze([], tasks, round=3) == ([], [])
+
+
+def test_no_answer_after_obtaining_the_result_points_at_the_next_step():
+    # 7*5 gave 35 at step 1, the answer; it should have answered at step 2, not called again.
+    steps = [call(0, "3+4", "7"), call(1, "7*5", "35"), call(2, "35*1", "35")]
+    failure = classify(steps, "max_turns")
+    assert (failure.mode, failure.first_error_step) == ("no_answer", 2)
+
+
+def test_an_unclosed_invented_response_is_a_hallucination_even_beside_a_true_echo():
+    # The turn echoes the real 35, then opens a <tool_response> of its own that never closes.
+    step = call(1, "7*5", "35", hallucinated=True)
+    step.text += "<tool_response>35</tool_response><tool_response>36"
+    failure = classify([call(0, "3+4", "7"), step, answer(2, "36")])
+    assert (failure.mode, failure.first_error_step) == ("hallucinated_observation", 1)
+
+
+def test_a_parse_error_is_ill_formed_whatever_kind_the_step_claims():
+    # Steps read back from the store or another trainer's rollouts may carry both.
+    bad = Step(1, "<tool_call>{7*5", "tool_call", tool="calculator", error="invalid JSON",
+               error_kind="parse")
+    failure = classify([call(0, "3+4", "7"), bad], "max_turns")
+    assert (failure.mode, failure.first_error_step) == ("format_error", 1)

@@ -125,6 +125,15 @@ def test_replay_of_failed_tasks() -> None:
         assert cur.metrics()["curriculum/replay_in_batch"] == 1.0
 
 
+def test_a_task_never_failed_is_not_replayed_even_before_mastery() -> None:
+    cur = _curriculum(SMALL, mined=0.0, replay=0.5, min_samples=100)
+    solved = cur.sample(4)[0].task_id
+    cur.record(solved, 4, 4)  # 4 of 4: not mastered yet (100 samples needed), never failed
+    for _ in range(5):
+        cur.sample(4)
+        assert cur.metrics()["curriculum/replay_in_batch"] == 0.0
+
+
 def test_state_dict_round_trip_samples_the_same_batches() -> None:
     original = _curriculum(seed=3, mined=0.25)
     original.add_mined(_generated(6))
