@@ -125,6 +125,21 @@ def test_replay_of_failed_tasks() -> None:
         assert cur.metrics()["curriculum/replay_in_batch"] == 1.0
 
 
+def test_replay_draws_among_failed_tasks_by_the_seed() -> None:
+    """More failed tasks than replay slots: which ones come back is the seeded rng's choice, so
+    different seeds replay different tasks (not always the same ones, e.g. the first ids)."""
+    failed = sorted(SMALL_IDS)[:6]
+    picks = set()
+    for seed in range(8):
+        cur = _curriculum(SMALL, seed=seed, mined=0.0, replay=0.5)
+        cur.sample(9)  # every task of SMALL, so all six are known
+        for task_id in failed:
+            cur.record(task_id, 1, 4)
+        picks.add(frozenset(_ids(cur.sample(4))[:2]))
+    assert all(p <= set(failed) for p in picks)
+    assert len(picks) > 1
+
+
 def test_a_task_never_failed_is_not_replayed_even_before_mastery() -> None:
     cur = _curriculum(SMALL, mined=0.0, replay=0.5, min_samples=100)
     solved = cur.sample(4)[0].task_id
