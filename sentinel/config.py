@@ -176,8 +176,11 @@ class CurriculumConfig(Section):
 
 
 class GenerationConfig(Section):
-    time_limit_s: float = Field(30.0, gt=0, description="wall-clock limit per generator per "
-                                "round (a safety net: past it the generator is stopped)")
+    time_limit_s: float = Field(
+        600.0, gt=0, description="wall-clock limit per generator per round: a safety net against "
+        "a hung plugin, not a budget (what is generated is bounded by counts: max_candidates, "
+        "the generator's own samples/tokens). When it fires, the round's generated tasks depend "
+        "on the machine's speed: recorded as a generator_timeout rejection and warned about")
     max_candidates: int = Field(64, ge=0, description="most candidates taken from each "
                                 "generator per round (a generator's own max_candidates may "
                                 "lower it)")

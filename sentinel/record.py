@@ -13,6 +13,13 @@ from typing import Any
 from sentinel.types import Failure, Rejection, Task, Trajectory
 
 
+def _torch_threads() -> int | None:
+    import sys
+
+    torch = sys.modules.get("torch")  # the loop has imported it; nothing here needs to
+    return torch.get_num_threads() if torch is not None else None
+
+
 def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -88,6 +95,9 @@ class RoundRecord:
         # A generator that crashed or timed out proposed no candidate: an error, not a rejection,
         # so that n_proposed = n_accepted + n_rejected (as in the generator_yield view).
         metrics["generator_errors"] = sum(c.get("errors", 0) for c in self.generated.values())
+        # A run is bit-reproducible for a given seed and thread count; other thread counts sum
+        # in another order (~1e-7 apart), which sampling can amplify (README, "Reproducibility").
+        metrics["torch_threads"] = _torch_threads()
         return {
             "started_at": self.started, "finished_at": time.time(), "n_train_rollouts": len(train),
             "train_success": mean([float(t.success) for t in train]),
@@ -115,5 +125,8 @@ class RoundRecord:
             parts.append(f"generated {row['n_accepted']} accepted / {row['n_rejected']} rejected")
             if row["metrics"]["generator_errors"]:
                 parts.append(f"{row['metrics']['generator_errors']} generator errors")
+            if any(r.reason == "generator_timeout" for r in self.rejections):
+                parts.append("[yellow]a generator hit generation.time_limit_s: this round's "
+                             "tasks depend on the machine's speed[/yellow]")
         parts.append(f"[dim]{sum(self.timings.values()):.0f}s[/dim]")
         return "  ".join(parts)

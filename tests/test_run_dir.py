@@ -9,11 +9,13 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import torch
 
 from sentinel.config import load_config
 from sentinel.loop import Loop, LoopError
 from sentinel.record import RoundRecord
 from sentinel.run_dir import RunDir
+from sentinel.types import Rejection
 from task_store import Store
 
 FAST = {
@@ -85,3 +87,30 @@ def test_phase_timings_are_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
         pass
     # generate's own 3 s only: the probe's 5 s inside it are not counted again.
     assert dict(record.timings) == {"probe": 5.0, "generate": 3.0}
+
+
+def test_same_seed_same_store(tmp_path: Path) -> None:
+    """A run is reproducible on one machine for a given seed and thread count: two runs of one
+    config store the same trajectories, rewards and evals."""
+    cfg = {**FAST, "rounds": 1, "batch": {"steps_per_round": 1, "tasks_per_step": 2,
+                                          "group_size": 2}}
+    rows = []
+    for name in ("a", "b"):
+        Loop(load_config(data=cfg), tmp_path / name).run()
+        _, got = Store(tmp_path / name).query(
+            "SELECT round, split, task_id, sample_idx, token_ids, reward, success "
+            "FROM trajectories ORDER BY ALL")
+        rows.append(got)
+    assert rows[0] == rows[1] and len(rows[0]) > 0
+    _, threads = Store(tmp_path / "a").query(
+        "SELECT DISTINCT CAST(metrics->>'torch_threads' AS INTEGER) FROM rounds")
+    assert threads == [(torch.get_num_threads(),)]
+
+
+def test_a_generator_timeout_is_warned_about_in_the_round_line() -> None:
+    record = RoundRecord(round=1, metrics={"heldout_success": 0.5})
+    record.generated = {"slow": {"proposed": 1, "accepted": 0, "rejected": 1, "errors": 1}}
+    assert "time_limit_s" not in record.summary(record.row())
+    record.rejections.append(Rejection(round=1, generator="slow", family="", spec="null",
+                                       reason="generator_timeout", detail="stopped"))
+    assert "time_limit_s" in record.summary(record.row())
