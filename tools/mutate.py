@@ -154,10 +154,12 @@ MUTATIONS: list[Mutation] = [
              "    if not steps:\n        return 0.0\n", "    if not steps:\n        return 1.0\n",
              REWARDS),
     # -- the loop's phases --------------------------------------------------------------------
-    Mutation("loop-cluster-share-over-all-rollouts", "sentinel/loop.py",
-             "record.clusters = cluster_failures(record.failures, record.round, len(train),",
-             "record.clusters = cluster_failures(record.failures, record.round, "
-             "len(record.trajectories),", LOOP),
+    Mutation("loop-analyzes-held-out-rollouts", "sentinel/loop.py",
+             "record.train(), record.tasks, record.round)",
+             "record.trajectories, record.tasks, record.round)", LOOP),
+    Mutation("analyzer-share-over-failures", "sentinel/analyzer.py",
+             "clusters = cluster_failures(failures, round, len(trajectories),",
+             "clusters = cluster_failures(failures, round, len(failures),", (*ANALYZER, *LOOP)),
     Mutation("loop-train-rollouts-not-stored", "sentinel/loop.py",
              "record.trajectories += trajs", "pass", LOOP),
     Mutation("loop-generated-tasks-not-mined", "sentinel/loop.py",
