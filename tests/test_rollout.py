@@ -143,3 +143,21 @@ def test_run_episodes_with_no_budget_ends_by_tokens(backend: HFBackend, chat: Ch
     assert episode.turn_budget() == 0  # the prompt alone exceeds the episode budget
     run_episodes(backend, [episode], temperature=1.0)
     assert episode.done and episode.finish_reason == "max_tokens" and episode.turns == 0
+
+
+def test_batch_metrics_and_pass_rates_on_hand_made_rollouts() -> None:
+    from sentinel.rollout import batch_metrics, pass_rates
+    from sentinel.types import Trajectory
+
+    def traj(task_id: str, reward: float, success: bool, policy_tokens: int) -> Trajectory:
+        return Trajectory(task_id, [], [0] * 9, [0] * (9 - policy_tokens) + [1] * policy_tokens,
+                          [], [], "answer", reward=reward, success=success)
+
+    trajs = [traj("a", 1.2, True, 4), traj("a", 0.2, False, 2), traj("b", 0.4, False, 6),
+             traj("b", 0.2, False, 4)]
+    metrics = batch_metrics(trajs)
+    assert metrics["reward"] == pytest.approx(0.5)
+    assert metrics["reward_std"] == pytest.approx(0.4123105626)  # population std
+    assert metrics["success"] == pytest.approx(0.25)
+    assert metrics["completions/mean_length"] == pytest.approx(4.0)
+    assert pass_rates(trajs) == {"a": 0.5, "b": 0.0}

@@ -18,6 +18,7 @@ would look killed, so the run stops.
     .venv/bin/python tools/mutate.py              # all of them; prints `survivors: N of M`
     .venv/bin/python tools/mutate.py --list
     .venv/bin/python tools/mutate.py --only loop-batch-is-all analyzer-
+    .venv/bin/python tools/mutate.py --only loop-generated --tests tests/test_loop.py
 
 Exit status: 0 when every mutation was applied and run, 1 when any was stale or errored or the
 baseline failed (survivors alone do not fail the run: they are listed in docs/testing.md and
@@ -27,6 +28,7 @@ are meant to shrink).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -53,6 +55,8 @@ ANALYZER = ("tests/test_analyzer.py", "tests/test_analyzer_corpus.py")
 CURRICULUM = ("tests/test_curriculum.py",)
 REWARDS = ("tests/test_rewards.py",)
 LOOP = ("tests/test_loop_fast.py",)
+ROLLOUT_METRICS = (
+    "tests/test_rollout.py::test_batch_metrics_and_pass_rates_on_hand_made_rollouts",)
 
 MUTATIONS: list[Mutation] = [
     # -- the ones issue #16 lists -------------------------------------------------------------
@@ -169,7 +173,8 @@ MUTATIONS: list[Mutation] = [
              "            if task.task_id in self.curriculum.excluded_ids:\n"
              "                continue\n", "", LOOP),
     Mutation("rollout-success-rate-zero", "sentinel/rollout/__init__.py",
-             '"success": sum(t.success for t in trajectories) / n,', '"success": 0.0,', LOOP),
+             '"success": sum(t.success for t in trajectories) / n,', '"success": 0.0,',
+             (*ROLLOUT_METRICS, *LOOP)),
     Mutation("cli-imports-torch", "sentinel/cli.py",
              "from __future__ import annotations\n",
              "from __future__ import annotations\n\nimport torch  # noqa: F401\n",
@@ -180,7 +185,8 @@ MUTATIONS: list[Mutation] = [
              '"train_reward": mean([t.reward for t in train]),',
              '"train_reward": mean([t.reward for t in self.trajectories]),', LOOP),
     Mutation("rollout-mean-reward-off-by-one", "sentinel/rollout/__init__.py",
-             '"reward": sum(rewards) / n,', '"reward": sum(rewards) / (n + 1),', LOOP),
+             '"reward": sum(rewards) / n,', '"reward": sum(rewards) / (n + 1),',
+             (*ROLLOUT_METRICS, *LOOP)),
 ]
 
 
@@ -250,10 +256,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the mutations whose name starts with one of these")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per pytest run")
+    parser.add_argument("--tests", nargs="+", default=None,
+                        help="run these tests for every chosen mutation instead of its own "
+                             "(e.g. a slow test, to see whether it kills a survivor)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the unmutated run of the named tests")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or m.name.startswith(tuple(args.only))]
+    if args.tests:
+        chosen = [dataclasses.replace(m, tests=tuple(args.tests)) for m in chosen]
     if args.list:
         for m in chosen:
             print(f"{m.name:48} {m.path:29} {' '.join(m.tests)}")
