@@ -1,19 +1,19 @@
 """`Loop.run` end to end in seconds: the tiny policy after a 40-step cold start, one round of
-one GRPO step, no generators, with `curriculum.drop_zero_variance`. Everything is observed from
-the outside (the store and the round's metrics), so the tests hold whatever the loop's internals
-look like.
+one GRPO step, no generators, with `curriculum.drop_zero_variance`; and a round-0-only run for
+the cold start. Everything is observed from the outside (the store and the round's metrics), so
+the tests hold whatever the loop's internals look like.
 
 Why 40 SFT steps: the untrained policy never writes a well-formed call or answer, so every
-reward is 0 and every group has zero variance; after 40 steps some samples are well-formed (some
-even right) and others are not, so a round has groups of both kinds (measured: 3 to 6 of 8 groups
-flat over three seeds), which is what the zero-variance filter test needs to tell them apart.
+reward is 0 and every group has zero variance; after 40 steps some samples are well-formed and
+others are not, so a round has groups of both kinds (measured: 3 to 7 of 8 groups flat over
+eight seeds), which is what the zero-variance filter test needs to tell them apart. No sample
+succeeds yet (not even after 200 steps), so success figures are tested elsewhere.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,20 +47,23 @@ def config() -> dict[str, Any]:
     }
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Iterator[tuple[Path, list[dict[str, Any]]]]:
+def run_loop(cfg: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+    """`Loop.run` on one torch thread: on a busy 2-core machine two threads contend for a model
+    this small (measured: the cold start took 4 s on one thread, 29 s on two)."""
     import torch
 
-    run_dir = tmp_path_factory.mktemp("fast-loop")
-    # One thread: on a busy 2-core machine two threads contend for a model this small (measured:
-    # the cold start took 4 s on one thread, 29 s on two).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        history = Loop(load_config(data=config()), run_dir).run()
+        return Loop(load_config(data=cfg), run_dir).run()
     finally:
         torch.set_num_threads(threads)
-    yield run_dir, history
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
+    run_dir = tmp_path_factory.mktemp("fast-loop")
+    return run_dir, run_loop(config(), run_dir)
 
 
 def q(run_dir: Path, sql: str) -> list[tuple]:
@@ -148,3 +151,20 @@ def test_round_row_and_evals_agree_with_the_stored_trajectories(run):
     assert len(evals) == 2 * 2
     for _, _, k, successes, n, ok in evals:
         assert (k, successes) == (n, ok)
+
+
+def test_the_cold_start_never_trains_on_a_held_out_task(tmp_path):
+    """Round 0 only, on a base distribution of nine tasks (a+b, a and b in 1..3): 32 SFT draws
+    hit both held-out tasks (all but surely), and must skip them. The cold start's tasks are
+    stored as round-0 `seed` tasks; none may be a held-out one."""
+    cfg = config()
+    cfg.update(rounds=0, families=[{"type": "arith", "max_operands": 2, "max_value": 3,
+                                    "ops": "+"}])
+    cfg["sft"].update(steps=1, num_examples=32)
+    run_loop(cfg, tmp_path)
+    held_out = {r[0] for r in q(tmp_path, "SELECT DISTINCT task_id FROM trajectories "
+                                          "WHERE split = 'eval'")}
+    seed = {r[0] for r in q(tmp_path, "SELECT task_id FROM tasks WHERE origin = 'seed'")}
+    assert len(held_out) == 2 and len(seed) >= 5
+    assert not held_out & seed
+    assert round_metrics(tmp_path, 0)["sft/examples"] < 32  # the held-out draws were skipped

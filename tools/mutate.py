@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -168,7 +169,9 @@ MUTATIONS: list[Mutation] = [
              "record.trajectories += trajs", "pass", LOOP),
     Mutation("loop-generated-tasks-not-mined", "sentinel/loop.py",
              "self.curriculum.add_mined(self._generate(record, rollouts, (model, tokenizer)))",
-             "self._generate(record, rollouts, (model, tokenizer))", LOOP),
+             "self._generate(record, rollouts, (model, tokenizer))",
+             # The one slow test here (~1 min): the fast run has no generators.
+             ("tests/test_loop.py::test_generated_tasks_of_round_r_are_trained_on_in_round_r_plus_1",)),
     Mutation("loop-cold-start-on-held-out", "sentinel/loop.py",
              "            if task.task_id in self.curriculum.excluded_ids:\n"
              "                continue\n", "", LOOP),
@@ -272,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     if not chosen:
         print("mutate: no mutation matches", args.only, file=sys.stderr)
         return 1
+    # A killed run (SIGTERM, e.g. from `timeout`) still removes its copy of the tree.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with tempfile.TemporaryDirectory(prefix="sentinel-mutate-") as tmp:
         tree = Path(tmp)
         copy_tree(tree)
