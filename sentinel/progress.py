@@ -2,8 +2,8 @@
 
 `phase(console, label, total)` is a context manager yielding `update(completed)`. On a terminal it
 draws a transient bar; when the console is not a terminal (output redirected to a file, CI), the bar
-would print nothing useful, so the phase prints one line when it ends: the label, the count done
-and the seconds it took.
+would print nothing useful, so the phase prints a plain line when it starts (the label and the
+total) and one when it ends (the count done and the seconds it took).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def phase(console: Console, label: str, total: int) -> Iterator[Callable[[int], 
         def note(completed: int) -> None:
             done[0] = completed
 
+        console.print(f"{label}: {total} to do", highlight=False, markup=False)
         yield note
         console.print(f"{label}: {done[0]}/{total} in {time.perf_counter() - start:.1f}s",
                       highlight=False, markup=False)

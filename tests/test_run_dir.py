@@ -114,3 +114,20 @@ def test_a_generator_timeout_is_warned_about_in_the_round_line() -> None:
     record.rejections.append(Rejection(round=1, generator="slow", family="", spec="null",
                                        reason="generator_timeout", detail="stopped"))
     assert "time_limit_s" in record.summary(record.row())
+
+
+def test_a_redirected_run_prints_a_plain_line_when_each_phase_starts_and_ends(
+        tmp_path: Path) -> None:
+    """Issue #20 §4: in a log (not a terminal) every phase shows as plain lines, no bar."""
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    cfg = load_config(data={**FAST, "sft": {"enabled": True, "steps": 2, "num_examples": 4}})
+    Loop(cfg, tmp_path / "run", console=Console(file=out, width=200)).run()
+    lines = out.getvalue().splitlines()
+    for label, total in (("SFT cold start", 2), ("round 0 held-out eval", 4)):
+        assert f"{label}: {total} to do" in lines
+        assert any(line.startswith(f"{label}: {total}/{total} in ") for line in lines)
+    assert "\r" not in out.getvalue() and "━" not in out.getvalue()
