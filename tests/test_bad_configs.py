@@ -85,7 +85,6 @@ BAD_CONFIGS: dict[str, tuple[list[str], str, str]] = {
                        "unknown tool-call parser 'xml'; built-in: hermes"),
     "fault rate above 1": (["env.faults.rate=2"], "env.faults.rate", "less than or equal to 1"),
     "unknown dtype": (["policy.dtype=int8"], "policy.dtype", "'int8'"),
-    "unknown rollout backend": (["rollout.backend=tpu"], "rollout.backend", "'tpu'"),
     "zero learning rate": (["sft.lr=0"], "sft.lr", "greater than 0"),
     "clip epsilon of 1": (["grpo.epsilon_low=1"], "grpo.epsilon_low",
                           "less than 1: the lower clip bound 1 - epsilon_low must stay positive"),
