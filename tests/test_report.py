@@ -284,7 +284,7 @@ TINY_RUN = {
     "rounds": 1,
     "policy": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                         "num_attention_heads": 4}},
-    "families": [{"name": "arith", "config": {"max_operands": 3}}],
+    "families": [{"type": "arith", "max_operands": 3}],
     "env": {"max_turns": 3, "max_tokens": 192, "max_turn_tokens": 24},
     "sft": {"steps": 8, "batch_size": 16, "num_examples": 32},
     "batch": {"steps_per_round": 1, "tasks_per_step": 6, "group_size": 2},

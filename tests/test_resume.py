@@ -24,7 +24,7 @@ CONFIG = {
     "rounds": 2,
     "policy": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
                         "num_attention_heads": 4}},
-    "families": [{"name": "arith", "config": {"max_operands": 3, "instruction": ""}}],
+    "families": [{"type": "arith", "max_operands": 3, "instruction": ""}],
     "env": {"max_turns": 3, "max_tokens": 160, "max_turn_tokens": 24},
     "sft": {"steps": 8, "batch_size": 8, "num_examples": 16},
     "batch": {"steps_per_round": 2, "tasks_per_step": 3, "group_size": 2},
