@@ -95,8 +95,8 @@ class RoundRecord:
         # A generator that crashed or timed out proposed no candidate: an error, not a rejection,
         # so that n_proposed = n_accepted + n_rejected (as in the generator_yield view).
         metrics["generator_errors"] = sum(c.get("errors", 0) for c in self.generated.values())
-        # A run is bit-reproducible for a given seed and thread count; other thread counts sum
-        # in another order (~1e-7 apart), which sampling can amplify (README, "Reproducibility").
+        # A run is bit-reproducible for a given seed with one thread; with several, float sums
+        # vary from run to run under load, which sampling amplifies (README, "Reproducibility").
         metrics["torch_threads"] = _torch_threads()
         return {
             "started_at": self.started, "finished_at": time.time(), "n_train_rollouts": len(train),

@@ -90,21 +90,27 @@ def test_phase_timings_are_exclusive(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_same_seed_same_store(tmp_path: Path) -> None:
-    """A run is reproducible on one machine for a given seed and thread count: two runs of one
-    config store the same trajectories, rewards and evals."""
+    """A run is reproducible on one machine for a given seed with one torch thread: two runs of
+    one config store the same trajectories, rewards and evals. (With several threads, float
+    sums vary from run to run under load; README, "Reproducibility".)"""
     cfg = {**FAST, "rounds": 1, "batch": {"steps_per_round": 1, "tasks_per_step": 2,
                                           "group_size": 2}}
-    rows = []
-    for name in ("a", "b"):
-        Loop(load_config(data=cfg), tmp_path / name).run()
-        _, got = Store(tmp_path / name).query(
-            "SELECT round, split, task_id, sample_idx, token_ids, reward, success "
-            "FROM trajectories ORDER BY ALL")
-        rows.append(got)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = []
+        for name in ("a", "b"):
+            Loop(load_config(data=cfg), tmp_path / name).run()
+            _, got = Store(tmp_path / name).query(
+                "SELECT round, split, task_id, sample_idx, token_ids, messages, reward, success "
+                "FROM trajectories ORDER BY ALL")
+            rows.append(got)
+        _, recorded = Store(tmp_path / "a").query(
+            "SELECT DISTINCT CAST(metrics->>'torch_threads' AS INTEGER) FROM rounds")
+    finally:
+        torch.set_num_threads(threads)
     assert rows[0] == rows[1] and len(rows[0]) > 0
-    _, threads = Store(tmp_path / "a").query(
-        "SELECT DISTINCT CAST(metrics->>'torch_threads' AS INTEGER) FROM rounds")
-    assert threads == [(torch.get_num_threads(),)]
+    assert recorded == [(1,)]
 
 
 def test_a_generator_timeout_is_warned_about_in_the_round_line() -> None:
