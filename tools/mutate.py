@@ -190,6 +190,19 @@ MUTATIONS: list[Mutation] = [
     Mutation("rollout-mean-reward-off-by-one", "sentinel/rollout/__init__.py",
              '"reward": sum(rewards) / n,', '"reward": sum(rewards) / (n + 1),',
              (*ROLLOUT_METRICS, *LOOP)),
+    # arith's first error: a call using an ungrounded number is a copy error (issue #20 §5)
+    Mutation("arith-first-error-ignores-ungrounded-operands", "sentinel/tasks/arith.py",
+             "if result not in expected or not used <= grounded:", "if result not in expected:",
+             ("tests/test_analyzer_corpus.py",)),
+    # the one budget clamp: the generator is handed its clamped budget
+    Mutation("generators-budget-not-handed-down", "generators/run.py",
+             "ctx = dataclasses.replace(ctx, budget=limit)", "ctx = ctx",
+             ("tests/test_generators.py::test_the_generator_sees_its_clamped_budget_as_ctx_budget",)),
+    # exclusive phase timings: the probe is not counted inside generation too
+    Mutation("record-timings-inclusive", "sentinel/record.py",
+             "self.timings[phase] += elapsed - self._inner.pop()",
+             "self.timings[phase] += elapsed + 0 * self._inner.pop()",
+             ("tests/test_run_dir.py::test_phase_timings_are_exclusive",)),
 ]
 
 
