@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sentinel.env.chat import ChatFormat
 from sentinel.env.parser import ParsedCall, ToolCallParser
-from sentinel.env.tools import BadArguments, Tool, ToolFailure, tool_schema
+from sentinel.env.tools import BadArguments, NoSuchTool, Tool, ToolFailure, tool_schema
 from sentinel.types import Step, Task, Trajectory
 
 MAX_OBSERVATION_CHARS = 2000
@@ -60,7 +60,8 @@ class Episode:
         self.task, self.tools, self.chat, self.parser = task, tools, chat, parser
         self.follow_ups = [list(turn) for turn in follow_ups or []]
         self.config, self.rng = config, rng
-        schemas = [tool_schema(t) for t in tools.values()]
+        # A tool marked `hidden` is callable but not listed (a fault schedule's renamed tool).
+        schemas = [tool_schema(t) for t in tools.values() if not getattr(t, "hidden", False)]
         self.token_ids: list[int] = chat.prompt_ids(task.prompt, schemas)
         self.prompt_len = len(self.token_ids)
         self.loss_mask: list[int] = [0] * self.prompt_len
@@ -88,7 +89,8 @@ class Episode:
         if call.error is not None:
             step.kind, step.error, step.error_kind = "malformed", call.error, "parse"
         elif call.name not in self.tools:
-            known = ", ".join(sorted(self.tools))
+            known = ", ".join(sorted(n for n, t in self.tools.items()
+                                     if not getattr(t, "hidden", False)))
             step.error, step.error_kind = f"unknown tool {call.name!r}; available: {known}", \
                 "unknown_tool"
         else:
@@ -105,6 +107,8 @@ class Episode:
                 step.observation = self.tools[call.name](**(call.arguments or {}))
             except BadArguments as exc:
                 step.error, step.error_kind = str(exc), "bad_arguments"
+            except NoSuchTool as exc:
+                step.error, step.error_kind = str(exc), "unknown_tool"
             except ToolFailure as exc:
                 step.error = str(exc)
                 step.error_kind = "timeout" if exc.timeout else "tool_error"

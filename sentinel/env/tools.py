@@ -34,6 +34,12 @@ class ToolFailure(RuntimeError):
         self.timeout = timeout
 
 
+class NoSuchTool(LookupError):
+    """Raised by a tool object to say that, at this point of the episode, it does not exist under
+    the name it was called by (a tool renamed mid-episode: the old name, or the new one before it
+    is announced). The environment reports it as an `unknown_tool` error with this message."""
+
+
 class Tool(Protocol):
     name: str
     description: str
