@@ -167,6 +167,18 @@ class CurriculumConfig(Section):
     zero_variance_on: Literal["reward", "success"] = Field(
         "reward", description="what must be all equal for a group to count as zero-variance: "
         "the total reward (zero advantage) or the verifier's success (DAPO's accuracy 0 or 1)")
+    weighting: Literal["newest", "learnability"] = Field(
+        "newest", description="which mined and replayed tasks fill their shares: newest first "
+        "(replay shuffled), or drawn by learnability p(1-p) + floor, p estimated from the "
+        "training groups already observed (PLR/SFL; no probe rollouts)")
+    learnability_prior: float = Field(
+        1.0, gt=0, description="weighting: learnability: Beta prior pseudo-count on each side "
+        "of a pass rate, p = (successes + a) / (attempts + 2a)",
+        json_schema_extra=why("a Beta prior needs positive pseudo-counts"))
+    learnability_floor: float = Field(
+        0.01, gt=0, description="weighting: learnability: added to every task's p(1-p) (at "
+        "most 0.25; a large floor draws nearly uniformly)",
+        json_schema_extra=why("a positive floor keeps every task drawable"))
 
     @model_validator(mode="after")
     def _fractions(self) -> CurriculumConfig:

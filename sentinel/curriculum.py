@@ -11,6 +11,19 @@ Tasks the policy has mastered (pass rate at least `mastery_threshold` over at le
 generator. Interface (as prime-rl's samplers): `sample`, `observe`, `state_dict` /
 `load_state_dict`, `metrics`.
 
+`weighting` says which mined and replayed tasks fill their shares. `newest`: mined tasks newest
+first, untried before tried; replay a seeded shuffle. `learnability` (PLR / SFL): both shares are
+drawn without replacement with probability proportional to p(1-p) + `learnability_floor`, where p
+is the task's pass rate estimated only from the rollouts `observe` has already seen (no probe
+rollouts): the posterior mean (successes + a) / (attempts + 2a) under a Beta(a, a) prior,
+a = `learnability_prior`. A task never tried takes the pooled outcomes of the tasks sharing its
+`target_cluster_id`, else of its parent task, else the prior alone (p = 0.5, the largest weight:
+what nobody has tried yet is tried first). So a group the policy always or never solves (no GRPO
+signal) makes its task, and untried tasks of its cluster, unlikely to be drawn again, while the
+floor keeps every task reachable. Every draw comes from the curriculum's own rng, which the
+state holds, so a resumed run draws as an uninterrupted one. Simplifications: a task's own
+outcomes are not shrunk towards its cluster's, and outcomes do not decay with age.
+
 `observe(trajectories) -> kept` takes a step's scored rollouts whole: it updates each task's pass
 rate (mastery, replay) and passes the groups through the admission gate, returning the
 trajectories worth training on. The gate is `ZeroVarianceGate` (DAPO dynamic sampling): a group
@@ -25,6 +38,7 @@ still has small non-zero advantages).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -32,6 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sentinel.types import Task, Trajectory
+
+WEIGHTINGS = ("newest", "learnability")  # `curriculum.weighting`, see the module docstring
 
 
 @dataclass
@@ -48,7 +64,19 @@ class Curriculum:
     def __init__(self, base_sampler: Callable[[random.Random], Task], *, mined_fraction: float,
                  replay_fraction: float, mastery_threshold: float, mastery_min_samples: int,
                  seed: int, excluded_ids: set[str] | None = None,
-                 gate: ZeroVarianceGate | None = None) -> None:
+                 gate: ZeroVarianceGate | None = None, weighting: str = "newest",
+                 learnability_prior: float = 1.0, learnability_floor: float = 0.01) -> None:
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"curriculum.weighting must be one of {', '.join(WEIGHTINGS)}, "
+                             f"got {weighting!r}")
+        if not learnability_prior > 0:
+            raise ValueError("curriculum.learnability_prior must be > 0 (a Beta prior's "
+                             f"pseudo-count), got {learnability_prior!r}")
+        if not learnability_floor > 0:
+            raise ValueError("curriculum.learnability_floor must be > 0 (so no task starves), "
+                             f"got {learnability_floor!r}")
+        self.weighting = weighting
+        self.prior, self.floor = learnability_prior, learnability_floor
         self.base_sampler = base_sampler
         self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
         self.mastery_threshold, self.mastery_min_samples = mastery_threshold, mastery_min_samples
@@ -58,6 +86,9 @@ class Curriculum:
         self.mined: list[str] = []  # generated task ids, oldest first
         self.stats: dict[str, TaskStats] = {}
         self._last: dict[str, int] = {"mined": 0, "replay": 0, "base": 0}
+        # p(1-p) of the last sample's mined + replay picks and of the pools they were drawn
+        # from, by task id (their means are metrics)
+        self._last_learnability: dict[str, dict[str, float]] = {"chosen": {}, "pool": {}}
         self.gate = gate or ZeroVarianceGate()
 
     @classmethod
@@ -70,7 +101,9 @@ class Curriculum:
                    mastery_min_samples=config.mastery_min_samples, seed=seed,
                    excluded_ids=excluded_ids,
                    gate=ZeroVarianceGate(drop=config.drop_zero_variance,
-                                         on=config.zero_variance_on))
+                                         on=config.zero_variance_on),
+                   weighting=config.weighting, learnability_prior=config.learnability_prior,
+                   learnability_floor=config.learnability_floor)
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -97,13 +130,80 @@ class Curriculum:
                 if t not in exclude and s.attempts and s.successes < s.attempts
                 and not self.mastered(t)]
 
+    def _posterior(self, successes: int, attempts: int) -> float:
+        return (successes + self.prior) / (attempts + 2 * self.prior)
+
+    def _cluster_outcomes(self) -> dict[str, tuple[int, int]]:
+        """(successes, attempts) pooled over the known tasks of each target cluster."""
+        pooled: dict[str, tuple[int, int]] = {}
+        for task_id, task in self.tasks.items():
+            cluster = task.target_cluster_id
+            if cluster is None:
+                continue
+            s = self.stats.get(task_id, TaskStats())
+            done, tried = pooled.get(cluster, (0, 0))
+            pooled[cluster] = (done + s.successes, tried + s.attempts)
+        return pooled
+
+    def pass_rate_estimate(self, task_id: str) -> float:
+        """p of `task_id` as `learnability` weighs it (module docstring): its own outcomes, else
+        its cluster's pooled ones, else its parent task's, each under the Beta prior; else the
+        prior's mean 0.5."""
+        return self._estimate(task_id, self._cluster_outcomes())
+
+    def _estimate(self, task_id: str, clusters: dict[str, tuple[int, int]]) -> float:
+        """`pass_rate_estimate` with the clusters' outcomes pooled once per batch."""
+        s = self.stats.get(task_id)
+        if s is not None and s.attempts:
+            return self._posterior(s.successes, s.attempts)
+        task = self.tasks.get(task_id)
+        if task is not None:
+            done, tried = clusters.get(task.target_cluster_id or "", (0, 0))
+            if tried:
+                return self._posterior(done, tried)
+            parent = self.stats.get(task.parent_task_id or "")
+            if parent is not None and parent.attempts:
+                return self._posterior(parent.successes, parent.attempts)
+        return self._posterior(0, 0)
+
+    def cluster_learnability(self) -> dict[str, float]:
+        """{target cluster id: p(1-p)} over the clusters of the known tasks (in the order their
+        first task arrived), p pooled over the cluster's observed outcomes under the prior; a
+        cluster whose tasks the policy always or never solves scores near 0."""
+        return {cluster: p * (1 - p) for cluster, (done, tried) in self._cluster_outcomes().items()
+                for p in [self._posterior(done, tried)]}
+
+    def _draw(self, pool: list[str], k: int, clusters: dict[str, tuple[int, int]],
+              ) -> list[str]:
+        """`k` of `pool` without replacement, each draw with probability proportional to
+        p(1-p) + floor among those left (Efraimidis-Spirakis keys: log(u) / weight, largest
+        first; one rng draw per pool task, in pool order). Records the learnability of the pool
+        and of the drawn tasks for `metrics`."""
+        learn = {t: p * (1 - p) for t in pool for p in [self._estimate(t, clusters)]}
+        keys = {t: math.log(1.0 - self.rng.random()) / (learn[t] + self.floor) for t in pool}
+        chosen = sorted(pool, key=lambda t: keys[t], reverse=True)[:k]
+        self._last_learnability["pool"].update(learn)
+        self._last_learnability["chosen"].update((t, learn[t]) for t in chosen)
+        return chosen
+
     def sample(self, n: int) -> list[Task]:
-        """`n` distinct tasks: mined, then replay, then base draws fill the rest."""
-        chosen: list[str] = self._fresh_mined()[: round(n * self.mined_fraction)]
-        n_mined = len(chosen)
-        replay = self._replayable(set(chosen))
-        self.rng.shuffle(replay)
-        chosen += replay[: round(n * self.replay_fraction)]
+        """`n` distinct tasks: mined, then replay (each share chosen as `weighting` says), then
+        base draws fill the rest."""
+        n_mined_slots = round(n * self.mined_fraction)
+        n_replay_slots = round(n * self.replay_fraction)
+        if self.weighting == "learnability":
+            self._last_learnability = {"chosen": {}, "pool": {}}
+            clusters = self._cluster_outcomes()
+            chosen = self._draw([t for t in self.mined if not self.mastered(t)], n_mined_slots,
+                                clusters)
+            n_mined = len(chosen)
+            chosen += self._draw(self._replayable(set(chosen)), n_replay_slots, clusters)
+        else:
+            chosen = self._fresh_mined()[:n_mined_slots]
+            n_mined = len(chosen)
+            replay = self._replayable(set(chosen))
+            self.rng.shuffle(replay)
+            chosen += replay[:n_replay_slots]
         n_replay = len(chosen) - n_mined
         seen = set(chosen)
         for _ in range(50 * n):
@@ -139,7 +239,11 @@ class Curriculum:
         s.successes += successes
 
     def metrics(self) -> dict[str, float]:
-        return {
+        """Batch composition, mastery and gate counts; with `learnability`, also
+        `learnability_mean` (mean p(1-p) of the mined + replay tasks the last `sample` chose) and
+        `learnability_pool` (mean over the pools it drew from), each absent when its set was
+        empty (a mean of nothing is not 0)."""
+        metrics = {
             "curriculum/mined_in_batch": float(self._last["mined"]),
             "curriculum/replay_in_batch": float(self._last["replay"]),
             "curriculum/base_in_batch": float(self._last["base"]),
@@ -147,6 +251,11 @@ class Curriculum:
             "curriculum/mastered": float(sum(self.mastered(t) for t in self.stats)),
             **self.gate.metrics(),
         }
+        for name, values in (("mean", self._last_learnability["chosen"]),
+                             ("pool", self._last_learnability["pool"])):
+            if values:
+                metrics[f"curriculum/learnability_{name}"] = sum(values.values()) / len(values)
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {

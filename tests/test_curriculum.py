@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from sentinel.config import ConfigError, load_config
 from sentinel.curriculum import Curriculum, ZeroVarianceGate, group_signal
 from sentinel.tasks import load_family
 from sentinel.types import Task, Trajectory
@@ -281,3 +282,203 @@ def test_zero_variance_on_success_drops_groups_whose_rewards_differ_only_in_form
     assert kept == {"reward": {"g-fail", "g-mixed"}, "success": {"g-mixed"}}
     with pytest.raises(ValueError, match="zero_variance_on"):
         group_signal(batch[0], "advantage")
+
+
+# -- weighting: learnability --------------------------------------------------------------------
+
+def _learnability(*, seed: int = 0, mined: float = 1.0, replay: float = 0.0,
+                  min_samples: int = 1000, prior: float = 1.0,
+                  floor: float = 0.01) -> Curriculum:
+    return Curriculum(ARITH.sample_task, mined_fraction=mined, replay_fraction=replay,
+                      mastery_threshold=0.75, mastery_min_samples=min_samples, seed=seed,
+                      weighting="learnability", learnability_prior=prior,
+                      learnability_floor=floor)
+
+
+def _clustered(i: int, cluster: str | None, parent: str | None = None) -> Task:
+    task = ARITH.make_task({"expr": f"{i}*{i + 2}-{i}"}, origin="generated", created_round=1,
+                           parent_task_id=parent)
+    task.target_cluster_id = cluster
+    return task
+
+
+def _observed(task: Task, successes: int, attempts: int, group: str) -> list[Trajectory]:
+    return [_traj(group, float(k < successes), k < successes, task.task_id)
+            for k in range(attempts)]
+
+
+def _weights(rates: list[tuple[int, int]], prior: float = 1.0, floor: float = 0.01,
+             ) -> list[float]:
+    """p(1-p) + floor with p the Beta-posterior mean, written out independently of the code."""
+    ps = [(s + prior) / (n + 2 * prior) for s, n in rates]
+    return [p * (1 - p) + floor for p in ps]
+
+
+def _chi_square(counts: list[int], weights: list[float]) -> float:
+    total = sum(counts)
+    expected = [total * w / sum(weights) for w in weights]
+    return sum((c - e) ** 2 / e for c, e in zip(counts, expected, strict=True))
+
+
+CHI2_DF2_P001 = 13.82  # the chi-square quantile at 0.999 with 2 degrees of freedom
+
+
+@pytest.mark.parametrize(("prior", "floor"), [(1.0, 0.01), (1e-3, 0.05)])
+def test_learnability_draws_mined_tasks_in_proportion_to_p_times_one_minus_p(
+        prior: float, floor: float) -> None:
+    """Pass rates 0.0, 0.5 and 1.0 (seen by `observe`, as training groups): one mined slot per
+    batch is drawn with probability proportional to p(1-p) + floor, so the 0.5 task dominates
+    and the others are still drawn now and then (with a weak prior, only thanks to the floor)."""
+    cur = _learnability(seed=7, prior=prior, floor=floor)
+    tasks = [_clustered(i, None) for i in (1, 2, 3)]
+    cur.add_mined(tasks)
+    rates = [(0, 40), (20, 40), (40, 40)]
+    for task, (s, n) in zip(tasks, rates, strict=True):
+        cur.observe(_observed(task, s, n, f"g-{task.task_id}"))
+    draws = 3000
+    counts = dict.fromkeys(_ids(tasks), 0)
+    for _ in range(draws):
+        (picked,) = cur.sample(1)
+        counts[picked.task_id] += 1
+    observed = [counts[t.task_id] for t in tasks]
+    weights = _weights(rates, prior, floor)
+    assert _chi_square(observed, weights) < CHI2_DF2_P001
+    assert observed[1] > 0.7 * draws and min(observed) > 0.05 * draws  # 0.5 leads, none starves
+    metrics = cur.metrics()
+    assert metrics["curriculum/learnability_pool"] == pytest.approx(
+        sum(w - floor for w in weights) / 3)
+    last = _ids(tasks).index(picked.task_id)
+    assert metrics["curriculum/learnability_mean"] == pytest.approx(weights[last] - floor)
+
+
+def test_learnability_weighs_the_replay_share_too() -> None:
+    cur = _learnability(seed=3, mined=0.0, replay=1.0)
+    tasks = [_clustered(i, None) for i in (4, 5, 6)]
+    rates = [(0, 40), (20, 40), (39, 40)]
+    for task, (s, n) in zip(tasks, rates, strict=True):
+        cur.tasks[task.task_id] = task  # a task the curriculum has handed out before
+        cur.record(task.task_id, s, n)
+    counts = dict.fromkeys(_ids(tasks), 0)
+    for _ in range(3000):
+        (picked,) = cur.sample(1)
+        counts[picked.task_id] += 1
+    observed = [counts[t.task_id] for t in tasks]
+    assert _chi_square(observed, _weights(rates)) < CHI2_DF2_P001
+    assert cur.metrics()["curriculum/replay_in_batch"] == 1.0
+
+
+def test_learnability_draws_without_replacement_and_skips_mastered_tasks() -> None:
+    cur = _learnability(seed=1, mined=1.0, min_samples=8)
+    tasks = [_clustered(i, None) for i in range(1, 7)]
+    cur.add_mined(tasks)
+    cur.record(tasks[0].task_id, 8, 8)  # mastered
+    for _ in range(50):
+        batch = _ids(cur.sample(5))
+        assert len(set(batch)) == 5
+        assert set(batch) == set(_ids(tasks[1:]))  # the five unmastered ones, each once
+
+
+def test_an_untried_task_inherits_its_clusters_estimate() -> None:
+    """Never-tried tasks take the pooled outcomes of their cluster, else of their parent task,
+    else the prior; so the untried sibling of a half-solved cluster is drawn far more often
+    than the untried sibling of a never-solved one."""
+    cur = _learnability(seed=11)
+    half, zero = _clustered(1, "cl-half"), _clustered(2, "cl-zero")
+    half_b = _clustered(3, "cl-half")
+    new_half, new_zero = _clustered(4, "cl-half"), _clustered(5, "cl-zero")
+    parent = ARITH.make_task({"expr": "7*8+9"})
+    orphan = _clustered(6, "cl-new", parent=parent.task_id)
+    unknown = _clustered(7, "cl-other", parent="no-such-task")
+    cur.add_mined([half, zero, half_b, new_half, new_zero, orphan, unknown])
+    cur.observe(_observed(half, 6, 8, "g1") + _observed(half_b, 0, 8, "g2")
+                + _observed(zero, 0, 16, "g3") + _observed(parent, 2, 8, "g4"))
+    assert cur.pass_rate_estimate(new_half.task_id) == pytest.approx((6 + 1) / (16 + 2))
+    assert cur.pass_rate_estimate(new_zero.task_id) == pytest.approx(1 / 18)
+    assert cur.pass_rate_estimate(orphan.task_id) == pytest.approx(3 / 10)  # the parent's
+    assert cur.pass_rate_estimate(unknown.task_id) == 0.5  # the prior
+    assert cur.pass_rate_estimate(half.task_id) == pytest.approx(7 / 10)  # its own
+    learn = cur.cluster_learnability()
+    assert set(learn) == {"cl-half", "cl-zero", "cl-new", "cl-other"}
+    assert learn["cl-half"] == pytest.approx(7 / 18 * 11 / 18)
+    assert learn["cl-zero"] == pytest.approx(1 / 18 * 17 / 18)
+    assert learn["cl-new"] == learn["cl-other"] == 0.25  # nothing observed: the prior
+    pair = Curriculum(ARITH.sample_task, mined_fraction=1.0, replay_fraction=0.0,
+                      mastery_threshold=0.75, mastery_min_samples=1000, seed=5,
+                      weighting="learnability")
+    pair.add_mined([half, zero, new_half, new_zero])
+    pair.record(half.task_id, 8, 16)
+    pair.record(zero.task_id, 0, 16)
+    pair.mined = [new_half.task_id, new_zero.task_id]  # draw among the untried two only
+    counts = {new_half.task_id: 0, new_zero.task_id: 0}
+    for _ in range(2000):
+        counts[pair.sample(1)[0].task_id] += 1
+    ratio = counts[new_half.task_id] / counts[new_zero.task_id]
+    expected = (0.25 + 0.01) / (1 / 18 * 17 / 18 + 0.01)  # about 4.0
+    assert expected * 0.8 < ratio < expected * 1.25
+
+
+def test_learnability_state_round_trip_samples_the_same_batches() -> None:
+    def run(cur: Curriculum, batches: int) -> list[list[str]]:
+        out = []
+        for b in range(batches):
+            tasks = cur.sample(6)
+            out.append(_ids(tasks))
+            for i, task in enumerate(tasks):
+                cur.record(task.task_id, (i + b) % 3, 3)
+        return out
+
+    def fresh(seed: int) -> Curriculum:
+        cur = _learnability(seed=seed, mined=0.5, replay=0.34, min_samples=9)
+        mined = [_clustered(i, f"cl-{i % 3}") for i in range(1, 13)]
+        cur.add_mined(mined)
+        return cur
+
+    uninterrupted = fresh(2)
+    expected = run(uninterrupted, 6)
+    interrupted = fresh(2)
+    first = run(interrupted, 3)
+    restored = fresh(999)
+    restored.load_state_dict(json.loads(json.dumps(interrupted.state_dict())))
+    assert first + run(restored, 3) == expected
+    assert restored.cluster_learnability() == uninterrupted.cluster_learnability()
+    assert fresh(3).sample(6) != fresh(2).sample(6)  # the seed matters, so the check is not empty
+
+
+def test_newest_reports_no_learnability_metrics() -> None:
+    cur = _curriculum()
+    cur.add_mined(_generated(3))
+    cur.sample(4)
+    assert not any("learnability" in k for k in cur.metrics())
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"weighting": "oldest"}, "curriculum.weighting"),
+    ({"learnability_prior": 0.0}, "curriculum.learnability_prior"),
+    ({"learnability_floor": -0.1}, "curriculum.learnability_floor"),
+    ({"learnability_floor": 0.0}, "curriculum.learnability_floor"),
+])
+def test_bad_learnability_settings_name_the_key(kwargs: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        Curriculum(ARITH.sample_task, mined_fraction=0.5, replay_fraction=0.0,
+                   mastery_threshold=0.9, mastery_min_samples=8, seed=0, **kwargs)
+
+
+@pytest.mark.parametrize(("override", "key"), [
+    ("curriculum.weighting=plr", "curriculum.weighting"),
+    ("curriculum.learnability_prior=0", "curriculum.learnability_prior"),
+    ("curriculum.learnability_floor=0", "curriculum.learnability_floor"),
+    ("curriculum.learnability_floor=lots", "curriculum.learnability_floor"),
+])
+def test_bad_learnability_config_names_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=f"config key '{key}'"):
+        load_config(data={}, overrides=[override])
+
+
+def test_from_config_passes_the_learnability_keys() -> None:
+    config = load_config(data={}, overrides=["curriculum.weighting=learnability",
+                                             "curriculum.learnability_prior=2.5",
+                                             "curriculum.learnability_floor=0.05"])
+    cur = Curriculum.from_config(config.curriculum, ARITH.sample_task, seed=0, excluded_ids=set())
+    assert (cur.weighting, cur.prior, cur.floor) == ("learnability", 2.5, 0.05)
+    assert Curriculum.from_config(load_config(data={}).curriculum, ARITH.sample_task, seed=0,
+                                  excluded_ids=set()).weighting == "newest"
