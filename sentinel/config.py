@@ -152,6 +152,9 @@ class EvalConfig(Section):
     families: list[FamilySpec] | None = Field(
         None, description="held-out distribution, entries as in `families` (default: the "
         "training families)")
+    stratified: bool = Field(
+        False, description="draw num_tasks split over the held-out entries in proportion to "
+        "their weights (exact counts) instead of choosing an entry by weight for every task")
 
 
 class CurriculumConfig(Section):

@@ -66,7 +66,8 @@ class Loop:
         # Tasks find their family by name; a training entry wins over a held-out one of the name.
         self.families = self.mixture.families | {
             k: v for k, v in held_out.families.items() if k not in self.mixture.families}
-        self.eval_tasks = held_out.draw(config.eval.num_tasks, config.eval.seed)
+        self.eval_tasks = held_out.draw(config.eval.num_tasks, config.eval.seed,
+                                        stratified=config.eval.stratified)
         self.curriculum = Curriculum.from_config(
             config.curriculum, self.mixture.sample, seed=config.seed,
             excluded_ids={t.task_id for t in self.eval_tasks})
@@ -171,6 +172,8 @@ class Loop:
         examples = []
         for _ in range(cfg.num_examples):
             task = self.mixture.sample(rng)
+            if cfg.recovery_share is not None:
+                task = self._recovery_example(task, cfg.recovery_share, rng)
             if task.task_id in self.curriculum.excluded_ids:
                 continue
             traj = self.families[task.family].reference_trajectory(
@@ -183,6 +186,16 @@ class Loop:
         model.eval()
         record.metrics.update({f"sft/{k}": float(v) for k, v in metrics.items()})
         record.metrics["sft/examples"] = float(len(examples))
+
+    def _recovery_example(self, task: Task, share: float, rng: random.Random) -> Task:
+        """`task` clean, or with probability `share` carrying a fault of its family's configured
+        types (`sft.recovery_share`): the cold start's dose of recovery demonstrations."""
+        family = self.families[task.family]
+        spec = family.without_faults(task.spec)
+        types = list(getattr(family.config, "fault_types", None) or [])
+        if types and rng.random() < share:
+            spec = family.with_fault(spec, rng.choice(types), rng) or spec
+        return task if spec == task.spec else family.make_task(spec, origin=task.origin)
 
     def _train(self, record: RoundRecord, rollouts: Rollouts, trainer: Any, logger: Any) -> None:
         cfg, r = self.config.batch, record.round

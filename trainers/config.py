@@ -157,5 +157,9 @@ class SFTConfig(ExplainedModel):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip")
     seed: int = Field(0, description="seed of the batch order")
     pack: bool = Field(True, description="pack several examples into one row instead of padding")
+    recovery_share: float | None = Field(
+        None, ge=0.0, le=1.0, description="share of cold-start examples that demonstrate "
+        "recovering from a scheduled tool fault (a fault type of the family's fault_types at a "
+        "random call); the rest are clean. null: examples follow the base distribution as is")
     max_seq_len: int = Field(512, ge=2, description="row length when packing",
                              json_schema_extra=why("one target token needs a context token"))

@@ -59,6 +59,9 @@ def _tokenize(text: str) -> list[str]:
         elif ch in "+-*/()":
             tokens.append(ch)
             i += 1
+        elif ch in "x\u00d7":  # a user's notation for *, which the calculator does not accept
+            raise CalcError(f"unexpected character {ch!r} at position {i}; write "
+                            "multiplication as *")
         else:
             raise CalcError(f"unexpected character {ch!r} at position {i}")
     return tokens

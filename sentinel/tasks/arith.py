@@ -6,7 +6,17 @@ operation, so `steps:k` is the number of operations. Only tasks whose divisions 
 intermediate values stay within `max_intermediate` are valid.
 
 Skills: `op:add|sub|mul|div`, `steps:k`, `parens` (the printed form needs parentheses), `neg`
-(a negative intermediate), `big` (an intermediate of 100 or more in absolute value).
+(a negative intermediate), `big` (an intermediate of 100 or more in absolute value), and
+`recover:<type>` for a task carrying a scheduled fault.
+
+Fault schedules (`sentinel.env.faults`): a spec may carry `"faults": [{"type": T, "call": k}]`,
+and then the k-th calculator call of every episode of the task meets fault T (`timeout`,
+`rate_limit`, `renamed`, `truncated`), or, for `notation`, the prompt writes operation k (a
+multiplication, in evaluation order) as `x`, which the calculator refuses. A spec without faults
+has no `faults` key, so clean task ids are what they always were. The reference solution meets
+the fault and applies its remedy, so SFT on it demonstrates recovery. `fault_share` and
+`fault_types` put faults into the base distribution; `with_fault` / `without_faults` are the
+edits the cold start, the `fault` generator and the benchmark arms use.
 """
 
 from __future__ import annotations
@@ -18,8 +28,26 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from sentinel.env.calculator import BinOp, CalcError, Neg, Node, Num, evaluate, parse, render
-from sentinel.env.tools import Calculator, Tool
+from sentinel.env.calculator import (
+    PRECEDENCE,
+    BinOp,
+    CalcError,
+    Neg,
+    Node,
+    Num,
+    evaluate,
+    parse,
+    render,
+)
+from sentinel.env.faults import (
+    FAULT_TYPES,
+    RETRY_AFTER_S,
+    TRUNCATED,
+    apply_schedule,
+    check_schedule,
+    recover_skill,
+)
+from sentinel.env.tools import BadArguments, Calculator, NoSuchTool, Tool, ToolFailure
 from sentinel.tasks.base import (
     FamilyConfig,
     ReferenceCall,
@@ -45,6 +73,12 @@ class ArithConfig(FamilyConfig):
         "Use the calculator, one operation per call. End with <answer>N</answer>.",
         description="system message shown before each task",
     )
+    fault_share: float = Field(0.0, ge=0.0, le=1.0, description="share of sampled tasks that "
+                               "carry one scheduled fault (a type of fault_types at a random call)")
+    fault_types: list[str] = Field(default_factory=list, description="fault types the base "
+                                   "distribution and the cold start's recovery demonstrations "
+                                   "draw from (sentinel.env.faults); with rate_limit, every task "
+                                   "lists the wait tool")
 
     @model_validator(mode="after")
     def _check(self) -> ArithConfig:
@@ -55,6 +89,10 @@ class ArithConfig(FamilyConfig):
             )
         if bad := set(self.ops) - set(OP_SKILL):
             raise ValueError(f"ops may contain only + - * /, got {''.join(sorted(bad))!r}")
+        if bad := [t for t in self.fault_types if t not in FAULT_TYPES]:
+            raise ValueError(f"fault_types: unknown {bad}; known: {', '.join(FAULT_TYPES)}")
+        if self.fault_share > 0 and not self.fault_types:
+            raise ValueError("fault_share > 0 needs at least one of fault_types")
         return self
 
 
@@ -79,13 +117,67 @@ def _operand_text(value: int) -> str:
     return f"({value})" if value < 0 else str(value)
 
 
+def render_marked(node: Node, marked: set[int]) -> str:
+    """`render`, with the multiplications whose `id` is in `marked` written as `x` (the user's
+    notation of a `notation` fault)."""
+    if isinstance(node, Num):
+        return str(node.value)
+    if isinstance(node, Neg):
+        inner = render_marked(node.operand, marked)
+        return f"-{inner}" if isinstance(node.operand, Num) else f"-({inner})"
+    prec = PRECEDENCE[node.op]
+    left, right = render_marked(node.left, marked), render_marked(node.right, marked)
+    if isinstance(node.left, BinOp) and PRECEDENCE[node.left.op] < prec:
+        left = f"({left})"
+    if isinstance(node.right, BinOp) and PRECEDENCE[node.right.op] <= prec:
+        right = f"({right})"
+    op = "x" if id(node) in marked else node.op
+    return f"{left}{op}{right}"
+
+
 class ArithFamily(TaskFamily):
     name = "arith"
     config_model = ArithConfig
     config: ArithConfig
 
     def tools(self) -> list[Tool]:
-        return [Calculator()]
+        tools: list[Tool] = [Calculator()]
+        if "rate_limit" in self.config.fault_types:
+            from sentinel.env.faults import Wait
+
+            tools.append(Wait())
+        return tools
+
+    def tool_map(self, spec: dict[str, Any] | None = None) -> dict[str, Tool]:
+        """The calculator (and `wait` when the config's fault types rate-limit), wrapped to meet
+        the spec's fault schedule, with fresh per-episode state."""
+        tools = super().tool_map()
+        faults = (spec or {}).get("faults", [])
+        if not faults and "wait" not in tools:
+            return tools
+        return apply_schedule({"calculator": tools["calculator"]}, "calculator", faults,
+                              with_wait="wait" in tools)
+
+    # -- fault schedules -----------------------------------------------------------------------
+    def fault_types(self) -> tuple[str, ...]:
+        return FAULT_TYPES
+
+    def faults_of(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+        return [dict(f) for f in spec.get("faults", [])]
+
+    def without_faults(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"expr": spec["expr"]}
+
+    def with_fault(self, spec: dict[str, Any], fault_type: str,
+                   rng: random.Random) -> dict[str, Any] | None:
+        """`spec` (its faults removed) carrying one `fault_type` fault at a random call where it
+        can happen (a `notation` fault needs a multiplication); None if there is none."""
+        ops = _operations(parse(spec["expr"]))
+        calls = [k for k, op in enumerate(ops) if fault_type != "notation" or op.op == "*"]
+        if fault_type not in FAULT_TYPES or not calls:
+            return None
+        return self.validate_spec({"expr": spec["expr"],
+                                   "faults": [{"type": fault_type, "call": rng.choice(calls)}]})
 
     # -- validation ----------------------------------------------------------------------------
     def _values(self, node: Node) -> list[Fraction]:
@@ -104,8 +196,10 @@ class ArithFamily(TaskFamily):
         return values
 
     def validate_spec(self, spec: Any) -> dict[str, Any]:
-        if not isinstance(spec, dict) or set(spec) != {"expr"} or not isinstance(spec["expr"], str):
-            raise SpecError('arith spec must be {"expr": "<expression>"}')
+        if (not isinstance(spec, dict) or not {"expr"} <= set(spec) <= {"expr", "faults"}
+                or not isinstance(spec["expr"], str)):
+            raise SpecError('arith spec must be {"expr": "<expression>"} with optional '
+                            '"faults": [{"type": ..., "call": k}]')
         try:
             tree = parse(spec["expr"])
         except CalcError as exc:
@@ -115,7 +209,19 @@ class ArithFamily(TaskFamily):
         if not 2 <= _leaves(tree) <= 8:
             raise SpecError("expression must have between 2 and 8 operands")
         self._values(tree)
-        return {"expr": render(tree)}
+        out: dict[str, Any] = {"expr": render(tree)}
+        if spec.get("faults"):
+            ops = _operations(tree)
+            try:
+                faults = check_schedule(spec["faults"], len(ops))
+            except ValueError as exc:
+                raise SpecError(str(exc)) from exc
+            for f in faults:
+                if f["type"] == "notation" and ops[f["call"]].op != "*":
+                    raise SpecError(f"a notation fault needs a multiplication; operation "
+                                    f"{f['call']} is {render(ops[f['call']])}")
+            out["faults"] = faults
+        return out
 
     # -- sampling --------------------------------------------------------------------------
     def _random_tree(self, rng: random.Random, n: int) -> Node:
@@ -158,11 +264,29 @@ class ArithFamily(TaskFamily):
 
     def sample_spec(self, rng: random.Random) -> dict[str, Any]:
         n = rng.randint(self.config.min_operands, self.config.max_operands)
-        return self._sample_valid(rng, lambda: self._random_tree(rng, n))
+        spec = self._sample_valid(rng, lambda: self._random_tree(rng, n))
+        if self.config.fault_share == 0 or rng.random() >= self.config.fault_share:
+            return spec
+        # A fault type drawn uniformly, then expressions until one can carry it (a notation
+        # fault needs a multiplication), so every configured type keeps its share.
+        fault_type = rng.choice(self.config.fault_types)
+        for _ in range(MAX_TRIES):
+            if (faulty := self.with_fault(spec, fault_type, rng)) is not None:
+                return faulty
+            n = rng.randint(self.config.min_operands, self.config.max_operands)
+            spec = self._sample_valid(rng, lambda: self._random_tree(rng, n))
+        raise SpecError(f"could not sample a task that can carry a {fault_type} fault; add "
+                        "ops or operands")
 
     # -- rendering and tags ------------------------------------------------------------------
     def render(self, spec: dict[str, Any]) -> list[dict[str, str]]:
-        messages = [{"role": "user", "content": f"Compute {spec['expr']}"}]
+        expr = spec["expr"]
+        marked = [f["call"] for f in spec.get("faults", []) if f["type"] == "notation"]
+        if marked:
+            tree = parse(expr)
+            ops = _operations(tree)
+            expr = render_marked(tree, {id(ops[k]) for k in marked})
+        messages = [{"role": "user", "content": f"Compute {expr}"}]
         if self.config.instruction:
             messages.insert(0, {"role": "system", "content": self.config.instruction})
         return messages
@@ -178,17 +302,24 @@ class ArithFamily(TaskFamily):
             tags.add("neg")
         if any(abs(v) >= 100 for v in values):
             tags.add("big")
+        tags |= {recover_skill(f["type"]) for f in spec.get("faults", [])}
         return sorted(tags)
 
     def difficulty(self, spec: dict[str, Any]) -> float:
         skills = self.skills(spec)
         steps = len(_operations(parse(spec["expr"])))
-        return float(steps + 0.5 * ("parens" in skills) + 0.5 * ("big" in skills))
+        return float(steps + 0.5 * ("parens" in skills) + 0.5 * ("big" in skills)
+                     + 0.5 * len(spec.get("faults", [])))
 
     # -- solving and checking ----------------------------------------------------------------
     def solve(self, spec: dict[str, Any], tools: dict[str, Tool]) -> ReferenceSolution:
-        calculator = tools["calculator"]
+        """One calculator call per operation, bottom-up, left to right; a scheduled fault is met
+        and remedied as an agent would from what it sees: the same call again after a timeout or
+        a truncated result, `wait` then again after a rate limit, the new name after a rename,
+        `*` after the calculator refused the user's `x`."""
+        notation = {f["call"] for f in spec.get("faults", []) if f["type"] == "notation"}
         results: dict[int, int] = {}
+        agent = {"tool": "calculator"}
 
         def value(node: Node) -> int:
             if isinstance(node, Num):
@@ -196,19 +327,55 @@ class ArithFamily(TaskFamily):
             return results[id(node)]
 
         solution = ReferenceSolution()
-        for op in _operations(parse(spec["expr"])):
-            expression = f"{_operand_text(value(op.left))}{op.op}{_operand_text(value(op.right))}"
-            observation = calculator(expression=expression)
+        for k, op in enumerate(_operations(parse(spec["expr"]))):
+            left, right = _operand_text(value(op.left)), _operand_text(value(op.right))
+            if k in notation:  # copy the user's `x`, be refused, re-issue with `*`
+                self._refused(solution, tools, agent["tool"], f"{left}x{right}")
+            observation = self._calculate(solution, tools, agent, f"{left}{op.op}{right}")
             try:
                 results[id(op)] = int(observation)
             except ValueError as exc:
                 raise SpecError(f"calculator gave non-integer {observation!r}") from exc
-            solution.calls.append(
-                ReferenceCall("calculator", {"expression": expression}, observation))
-        if not solution.calls:
+            solution.answer = observation
+        if not results:
             raise SpecError("expression has no operation")
-        solution.answer = solution.calls[-1].observation
         return solution
+
+    @staticmethod
+    def _refused(solution: ReferenceSolution, tools: dict[str, Tool], name: str,
+                 expression: str) -> None:
+        try:
+            tools[name](expression=expression)
+        except BadArguments as exc:
+            solution.calls.append(ReferenceCall(name, {"expression": expression}, f"Error: {exc}"))
+            return
+        raise SpecError(f"the calculator accepted {expression!r}")
+
+    @staticmethod
+    def _calculate(solution: ReferenceSolution, tools: dict[str, Tool], agent: dict[str, str],
+                   expression: str) -> str:
+        """Call the calculator until it answers in full, applying each fault's remedy."""
+        arguments = {"expression": expression}
+        for _ in range(4):
+            name = agent["tool"]
+            try:
+                observation = tools[name](**arguments)
+            except NoSuchTool as exc:  # renamed: the error lists the name to use
+                solution.calls.append(ReferenceCall(name, dict(arguments), f"Error: {exc}"))
+                agent["tool"] = str(exc).rsplit("available: ", 1)[-1].split(",")[0].strip()
+                continue
+            except ToolFailure as exc:
+                solution.calls.append(ReferenceCall(name, dict(arguments), f"Error: {exc}"))
+                if "rate limit" in str(exc):
+                    wait = {"seconds": RETRY_AFTER_S}
+                    solution.calls.append(ReferenceCall("wait", wait, tools["wait"](**wait)))
+                continue
+            except BadArguments as exc:
+                raise SpecError(f"calculator refused {expression!r}: {exc}") from exc
+            solution.calls.append(ReferenceCall(name, dict(arguments), observation))
+            if not observation.endswith(TRUNCATED):
+                return observation
+        raise SpecError(f"the calculator kept failing on {expression!r}")
 
     def verify(self, task: Task, answer: str | None) -> bool:
         if answer is None:
@@ -222,7 +389,8 @@ class ArithFamily(TaskFamily):
         """First step that is not progress: a failed call, a call whose result is not one of the
         reference's intermediate values, a call using a number that is neither in the task nor a
         result obtained before it (a copy error, even when its result equals an intermediate
-        value by chance: `18-(3+11)` → `3+11`, `1*14`), or a wrong final answer."""
+        value by chance: `18-(3+11)` → `3+11`, `1*14`), or a wrong final answer. A `wait` call and a
+        call whose result came back truncated are neither progress nor an error."""
         expected = {str(int(v)) for v in self._values(parse(task.spec["expr"]))}
         grounded = set(_NUMBER.findall(task.spec["expr"]))
         for step in steps:
@@ -231,6 +399,9 @@ class ArithFamily(TaskFamily):
             if step.kind != "tool_call" or step.error is not None:
                 return step.index
             result = (step.observation or "").strip()
+            if step.tool == "wait" or result.endswith(TRUNCATED):
+                continue  # a fault's remedy, or the cut result that calls for one: no progress
+
             used = set(_NUMBER.findall(str((step.arguments or {}).get("expression", ""))))
             if result not in expected or not used <= grounded:
                 return step.index
@@ -239,7 +410,10 @@ class ArithFamily(TaskFamily):
 
     # -- edits ---------------------------------------------------------------------------------
     def perturb(self, spec: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        """New operands in the same tree (same operations, so a fault schedule, which names
+        operations by position, carries over unchanged)."""
         tree = parse(spec["expr"])
+        faults = {"faults": spec["faults"]} if spec.get("faults") else {}
         skills = set(self.skills(spec))
 
         def relabel(node: Node) -> Node:
@@ -256,7 +430,7 @@ class ArithFamily(TaskFamily):
         fallback = None
         for _ in range(MAX_TRIES):
             try:
-                candidate = self.validate_spec({"expr": render(relabel(tree))})
+                candidate = self.validate_spec({"expr": render(relabel(tree)), **faults})
             except SpecError:
                 continue
             if candidate == spec:
@@ -294,9 +468,13 @@ class ArithFamily(TaskFamily):
         n = _leaves(tree)
         for _ in range(MAX_TRIES):
             try:
-                return self.validate_spec({"expr": render(grow(tree, rng.randrange(n), [0]))})
+                harder = self.validate_spec({"expr": render(grow(tree, rng.randrange(n), [0]))})
             except SpecError:
                 continue
+            # The operations moved: the same fault types, at new positions.
+            for fault in spec.get("faults", []):
+                harder = self.with_fault(harder, fault["type"], rng) or harder
+            return harder
         return None
 
 

@@ -11,7 +11,9 @@ A family owns everything specific to one kind of problem:
 - `verify(task, answer)`: the outcome check;
 - spec edits used by generators: `perturb` (same skills, new values), and optionally `decompose`
   (the sub-problem at a step) and `escalate` (a harder variant);
-- `locate_error(task, steps)`: the first step that went wrong in a failed attempt.
+- `locate_error(task, steps)`: the first step that went wrong in a failed attempt;
+- fault schedules (`sentinel.env.faults`), for families whose tasks can carry them:
+  `fault_types()`, `faults_of(spec)`, `without_faults(spec)`, `with_fault(spec, type, rng)`.
 
 Hooks with defaults, for families whose episodes are more than one prompt and one answer:
 
@@ -172,14 +174,37 @@ class TaskFamily(ABC):
         """Index of the first step that went wrong in a failed attempt (None: unknown)."""
         return None
 
+    # -- fault schedules (`sentinel.env.faults`); the default family carries none ---------------
+    def fault_types(self) -> tuple[str, ...]:
+        """The scheduled fault types this family's tasks can carry."""
+        return ()
+
+    def faults_of(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+        """The fault schedule `spec` carries (`[{"type", "call"}]`, empty for a clean task)."""
+        return []
+
+    def without_faults(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """`spec` with its fault schedule removed."""
+        return spec
+
+    def with_fault(self, spec: dict[str, Any], fault_type: str,
+                   rng: random.Random) -> dict[str, Any] | None:
+        """`spec`, its faults removed, carrying one `fault_type` fault at a random call where it
+        can happen; None when it cannot carry that type."""
+        return None
+
     # -- construction --------------------------------------------------------------------------
     def reference_trajectory(self, task: Task, chat: Any, parser: Any, env: Any) -> Trajectory:
         """The reference solution of `task` replayed through the real environment (no faults):
         exactly the tokens a policy would have produced; the SFT cold start trains on them.
-        `chat`, `parser`, `env`: a `ChatFormat`, a tool-call parser and an `EnvConfig`."""
+        `chat`, `parser`, `env`: a `ChatFormat`, a tool-call parser and an `EnvConfig`.
+        A task with a prefix: the prefix replayed (mask 0), then the reference continuation from
+        the state it reached (mask 1; the rule: `sentinel.tasks.prefix`)."""
         from sentinel.env.environment import replay
+        from sentinel.tasks.prefix import reference_continuation
 
-        turns = self.solve(task.spec, self.tool_map(task.spec)).assistant_turns()
+        turns = (reference_continuation(self, task, chat, parser, env) if task.prefix
+                 else self.solve(task.spec, self.tool_map(task.spec)).assistant_turns())
         return replay(task, turns, self.tool_map(task.spec), chat, parser, env,
                       follow_ups=self.follow_up_turns(task.spec))
 

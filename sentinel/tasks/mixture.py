@@ -47,14 +47,41 @@ class TaskMixture:
         k = rng.choices(range(len(self.members)), weights=self.weights)[0]
         return self.members[k].sample_task(rng, origin=origin)
 
-    def draw(self, n: int, seed: int, origin: Origin = "eval") -> list[Task]:
+    def draw(self, n: int, seed: int, origin: Origin = "eval", *,
+             stratified: bool = False) -> list[Task]:
         """`n` distinct tasks from a fresh `Random(seed)` (fewer if the mixture has fewer: at
-        most `100 * n` draws are tried)."""
+        most `100 * n` draws are tried). `stratified`: member i contributes exactly its share
+        `n * w_i / sum(w)` (largest remainders), so a held-out suite of 5 fault types x 40 tasks
+        is exactly that; otherwise each task's member is chosen by weight."""
         rng = random.Random(seed)
         tasks: dict[str, Task] = {}
-        for _ in range(100 * n):
-            if len(tasks) >= n:
-                break
-            task = self.sample(rng, origin=origin)
-            tasks.setdefault(task.task_id, task)
+        if not stratified:
+            for _ in range(100 * n):
+                if len(tasks) >= n:
+                    break
+                task = self.sample(rng, origin=origin)
+                tasks.setdefault(task.task_id, task)
+            return list(tasks.values())
+        for member, count in zip(self.members, _apportion(n, self.weights), strict=True):
+            want = len(tasks) + count
+            for _ in range(100 * count):
+                if len(tasks) >= want:
+                    break
+                task = member.sample_task(rng, origin=origin)
+                tasks.setdefault(task.task_id, task)
         return list(tasks.values())
+
+
+def _apportion(n: int, weights: Sequence[float]) -> list[int]:
+    """`n` split in proportion to `weights` by largest remainders (ties: the earlier member).
+
+    >>> _apportion(10, [1, 1, 1])
+    [4, 3, 3]
+    """
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in by_remainder[: n - sum(counts)]:
+        counts[i] += 1
+    return counts

@@ -1,0 +1,223 @@
+"""Fault schedules carried by tasks (`sentinel.env.faults`, arith's `faults`): deterministic per
+task, each type met where scheduled, each remedy verified and each non-remedy failing, with the
+real tiny tokenizer, the real environment and the real calculator."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from sentinel.analyzer import FailureAnalyzer
+from sentinel.env.chat import ChatFormat
+from sentinel.env.environment import EnvConfig, replay
+from sentinel.env.faults import FAULT_TYPES, TRUNCATED, check_schedule, truncate
+from sentinel.env.parser import HermesParser, format_answer, format_call
+from sentinel.tasks import SpecError
+from sentinel.tasks.arith import ArithConfig, ArithFamily
+from sentinel.tasks.mixture import TaskMixture, _apportion
+from sentinel.types import Task, Trajectory
+
+ENV = EnvConfig(max_turns=10, max_tokens=2048, max_turn_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def faulty() -> ArithFamily:
+    return ArithFamily(ArithConfig(instruction="", fault_share=1.0,
+                                   fault_types=list(FAULT_TYPES)))
+
+
+def run(family: ArithFamily, task: Task, turns: list[str], chat: ChatFormat) -> Trajectory:
+    """Scripted assistant turns through a fresh episode of `task` (its scheduled tools)."""
+    traj = replay(task, turns, family.tool_map(task.spec), chat, HermesParser(), ENV)
+    traj.success = family.verify_trajectory(task, traj)
+    return traj
+
+
+def calc(expression: str, tool: str = "calculator") -> str:
+    return format_call(tool, {"expression": expression})
+
+
+# Two-operation tasks with the fault on the second call: (spec, the remedy's turns, a non-remedy's).
+CASES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
+    "timeout": ({"expr": "3*4+5", "faults": [{"type": "timeout", "call": 1}]},
+                [calc("3*4"), calc("12+5"), calc("12+5"), format_answer("17")],
+                # moving on without the value: answer a guess
+                [calc("3*4"), calc("12+5"), format_answer("12")]),
+    "rate_limit": ({"expr": "3*4+5", "faults": [{"type": "rate_limit", "call": 1}]},
+                   [calc("3*4"), calc("12+5"), format_call("wait", {"seconds": 2}), calc("12+5"),
+                    format_answer("17")],
+                   # retrying at once, again and again, never waiting: refused every time
+                   [calc("3*4"), calc("12+5"), calc("12+5"), calc("12+5"), format_answer("12")]),
+    "notation": ({"expr": "3*4+5", "faults": [{"type": "notation", "call": 0}]},
+                 [calc("3x4"), calc("3*4"), calc("12+5"), format_answer("17")],
+                 # repeating the user's notation
+                 [calc("3x4"), calc("3x4"), format_answer("12")]),
+    "renamed": ({"expr": "3*4+5", "faults": [{"type": "renamed", "call": 1}]},
+                [calc("3*4"), calc("12+5"), calc("12+5", "calc"), format_answer("17")],
+                # calling the old name again: it stays gone
+                [calc("3*4"), calc("12+5"), calc("12+5"), format_answer("12")]),
+    "truncated": ({"expr": "3*4+5", "faults": [{"type": "truncated", "call": 1}]},
+                  [calc("3*4"), calc("12+5"), calc("12+5"), format_answer("17")],
+                  # using the cut value
+                  [calc("3*4"), calc("12+5"), format_answer("1")]),
+}
+
+
+def test_cases_cover_every_fault_type() -> None:
+    assert set(CASES) == set(FAULT_TYPES)
+
+
+@pytest.mark.parametrize("fault_type", FAULT_TYPES)
+def test_remedy_verifies_and_non_remedy_fails(faulty: ArithFamily, chat: ChatFormat,
+                                              fault_type: str) -> None:
+    spec, remedy, wrong = CASES[fault_type]
+    task = faulty.make_task(spec)
+    assert f"recover:{fault_type}" in task.skills and task.answer == "17"
+    good = run(faulty, task, remedy, chat)
+    assert good.success, [s.observation for s in good.steps]
+    # The fault was really met on the scheduled call: an error or a cut result there.
+    met = good.steps[1] if fault_type != "notation" else good.steps[0]
+    assert met.error is not None or (met.observation or "").endswith(TRUNCATED)
+    assert not run(faulty, task, wrong, chat).success
+
+
+@pytest.mark.parametrize("fault_type", FAULT_TYPES)
+def test_reference_solution_is_the_remedy(faulty: ArithFamily, chat: ChatFormat,
+                                          fault_type: str) -> None:
+    """The SFT demonstration: the reference replayed through the environment meets the fault,
+    remedies it and verifies; its turns are exactly the hand-written remedy."""
+    spec, remedy, _ = CASES[fault_type]
+    task = faulty.make_task(spec)
+    traj = faulty.reference_trajectory(task, chat, HermesParser(), ENV)
+    assert faulty.verify_trajectory(task, traj)
+    assert [m["content"] for m in traj.messages if m["role"] == "assistant"] == remedy
+
+
+def test_schedule_is_deterministic_per_task(faulty: ArithFamily, chat: ChatFormat) -> None:
+    """Every episode of a task meets the same fault at the same call: the state is per episode,
+    so a second episode (a second sample of the group) starts the schedule afresh."""
+    task = faulty.make_task(CASES["timeout"][0])
+    turns = [calc("3*4"), calc("12+5"), calc("12+5"), format_answer("17")]
+    first, second = run(faulty, task, turns, chat), run(faulty, task, turns, chat)
+    assert [s.error_kind for s in first.steps] == [s.error_kind for s in second.steps] == \
+        [None, "timeout", None, None]
+    # The fault follows the call count, whatever the call: a different first call still leaves
+    # the second call to time out.
+    other = run(faulty, task, [calc("4*3"), calc("5+12")], chat)
+    assert [s.error_kind for s in other.steps] == [None, "timeout"]
+
+
+def test_rate_limit_holds_until_a_long_enough_wait(faulty: ArithFamily, chat: ChatFormat) -> None:
+    task = faulty.make_task(CASES["rate_limit"][0])
+    short = run(faulty, task, [calc("3*4"), calc("12+5"), format_call("wait", {"seconds": 1}),
+                               calc("12+5")], chat)
+    assert short.steps[-1].error is not None and "rate limit" in short.steps[-1].error
+
+
+def test_renamed_tool_is_hidden_until_the_rename(faulty: ArithFamily, chat: ChatFormat) -> None:
+    task = faulty.make_task(CASES["renamed"][0])
+    traj = run(faulty, task, [calc("3*4", "calc")], chat)
+    assert traj.steps[0].error_kind == "unknown_tool"
+    prompt = chat.decode(traj.token_ids[: traj.prompt_len])
+    assert "calc," not in prompt and "calc<" not in prompt and "calculator" in prompt
+
+
+def test_wait_is_listed_for_every_task_when_rate_limits_are_configured(
+        faulty: ArithFamily, chat: ChatFormat) -> None:
+    """The tool list must not tell which task carries a rate limit."""
+    clean = faulty.make_task({"expr": "3*4+5"})
+    limited = faulty.make_task(CASES["rate_limit"][0])
+    prompts = [chat.decode(run(faulty, t, [], chat).token_ids) for t in (clean, limited)]
+    assert all("wait" in p for p in prompts)
+    assert "wait" not in chat.decode(run(ArithFamily(ArithConfig(instruction="")), clean, [],
+                                         chat).token_ids)
+
+
+def test_notation_is_rendered_at_the_scheduled_operation(faulty: ArithFamily) -> None:
+    spec = {"expr": "2*3+4*5", "faults": [{"type": "notation", "call": 1}]}
+    assert faulty.make_task(spec).prompt[-1]["content"] == "Compute 2*3+4x5"
+    with pytest.raises(SpecError, match="multiplication"):
+        faulty.validate_spec({"expr": "2*3+4*5", "faults": [{"type": "notation", "call": 2}]})
+
+
+@pytest.mark.parametrize("faults, message", [
+    ([{"type": "meteor", "call": 0}], "unknown fault type"),
+    ([{"type": "timeout", "call": 5}], r"\[0, 2\)"),
+    ([{"type": "timeout", "call": 0}, {"type": "truncated", "call": 0}], "one fault per call"),
+    ([{"type": "timeout"}], "type"),
+    ("timeout", "list"),
+])
+def test_bad_schedules_are_spec_errors(faulty: ArithFamily, faults: Any, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        faulty.validate_spec({"expr": "3*4+5", "faults": faults})
+
+
+def test_clean_spec_keeps_its_id(arith: ArithFamily) -> None:
+    """No `faults` key on a clean task, so ids stored before fault schedules stay valid."""
+    assert arith.validate_spec({"expr": "3+4", "faults": []}) == {"expr": "3+4"}
+    assert arith.make_task({"expr": "3+4"}).task_id == arith.make_task(
+        {"expr": "3+4", "faults": []}).task_id
+
+
+def test_check_schedule_sorts_by_call() -> None:
+    schedule = [{"type": "truncated", "call": 2}, {"type": "timeout", "call": 0}]
+    assert [f["call"] for f in check_schedule(schedule, 3)] == [0, 2]
+
+
+def test_truncate_cuts_the_value() -> None:
+    assert truncate("1234") == "12" + TRUNCATED and truncate("7") == TRUNCATED
+
+
+def test_base_distribution_fault_share(faulty: ArithFamily) -> None:
+    rng = random.Random(3)
+    specs = [faulty.sample_spec(rng) for _ in range(200)]
+    assert all(len(s.get("faults", [])) == 1 for s in specs)
+    types = {s["faults"][0]["type"] for s in specs}
+    assert types == set(FAULT_TYPES)
+    clean = ArithFamily(ArithConfig(fault_share=0.0, fault_types=["timeout"]))
+    assert not any("faults" in clean.sample_spec(rng) for _ in range(50))
+
+
+def test_with_fault_and_perturb_keep_the_type(faulty: ArithFamily) -> None:
+    rng = random.Random(0)
+    spec = faulty.with_fault({"expr": "(3+4)*5-6"}, "notation", rng)
+    assert spec is not None and spec["faults"] == [{"type": "notation", "call": 1}]
+    assert faulty.with_fault({"expr": "3+4"}, "notation", rng) is None
+    moved = faulty.perturb(spec, rng)
+    assert moved["faults"] == spec["faults"] and moved["expr"] != spec["expr"]
+    assert faulty.without_faults(spec) == {"expr": "(3+4)*5-6"}
+
+
+def test_config_rejects_unknown_types() -> None:
+    with pytest.raises(ValueError, match="fault_types"):
+        ArithConfig(fault_types=["meteor"])
+    with pytest.raises(ValueError, match="fault_share"):
+        ArithConfig(fault_share=0.5)
+
+
+@pytest.mark.parametrize("fault_type, mode", [
+    ("timeout", "tool_error_unrecovered"), ("rate_limit", "tool_error_unrecovered"),
+    ("notation", "bad_arguments"), ("renamed", "unknown_tool"), ("truncated", "premature_answer"),
+])
+def test_analyzer_names_the_unrecovered_fault(faulty: ArithFamily, chat: ChatFormat,
+                                              fault_type: str, mode: str) -> None:
+    """The non-remedies fail for the reason a reader would give; the fault's skill tag is on the
+    failure, so its cluster is the fault type's."""
+    spec, _, wrong = CASES[fault_type]
+    task = faulty.make_task(spec)
+    traj = run(faulty, task, wrong, chat)
+    failure = FailureAnalyzer({"arith": faulty}).classify(task, traj)
+    assert failure is not None and failure.mode == mode
+    assert f"recover:{fault_type}" in failure.skills
+
+
+def test_stratified_draw_gives_exact_counts() -> None:
+    members = [(f"arith", ArithFamily(ArithConfig(instruction="", fault_share=1.0,
+                                                  fault_types=[t]))) for t in FAULT_TYPES[:3]]
+    mixture = TaskMixture([(n, f, 1.0) for n, f in members])
+    tasks = mixture.draw(30, seed=7, stratified=True)
+    counts = {t: sum(f"recover:{t}" in task.skills for task in tasks) for t in FAULT_TYPES[:3]}
+    assert counts == {t: 10 for t in FAULT_TYPES[:3]}
+    assert _apportion(10, [2, 1, 1]) == [5, 3, 2]
