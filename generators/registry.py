@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from generators.base import GeneratorConfig, TaskGenerator
 from generators.decompose import DecomposeGenerator
 from generators.escalate import EscalateGenerator
+from generators.fault import FaultGenerator
 from generators.mutate import MutateGenerator
 from generators.teacher import TeacherGenerator
 from sentinel.plugins import PluginError, resolve
@@ -37,6 +38,7 @@ BUILTIN: dict[str, type] = {
     "decompose": DecomposeGenerator,
     "escalate": EscalateGenerator,
     "teacher": TeacherGenerator,
+    "fault": FaultGenerator,
 }
 
 # One error for every plugin kind; the old name stays for plugins and callers that catch it.

@@ -1,0 +1,61 @@
+"""The `fault` generator: from failures on fault tasks, new tasks with the same fault type at new
+operands and positions, through the real validation pipeline. Real arith tasks, no mocks."""
+
+from __future__ import annotations
+
+import random
+
+from generators import GenerationContext, load_generator, validate_candidates
+from sentinel.env.faults import FAULT_TYPES
+from sentinel.tasks.arith import ArithConfig, ArithFamily
+from sentinel.types import Failure, Task
+
+FAMILY = ArithFamily(ArithConfig(instruction="", fault_types=list(FAULT_TYPES)))
+FAMILIES = {"arith": FAMILY}
+
+
+def failure_on(task: Task, mode: str = "tool_error_unrecovered") -> Failure:
+    return Failure(traj_id=f"t-{task.task_id}", task_id=task.task_id, round=1, mode=mode,
+                   first_error_step=1, evidence="", skills=task.skills, family="arith")
+
+
+def context(tasks: list[Task], budget: int = 32, seed: int = 0) -> GenerationContext:
+    return GenerationContext(round=1, failures=[failure_on(t) for t in tasks],
+                             tasks={t.task_id: t for t in tasks}, families=FAMILIES,
+                             rng=random.Random(seed), budget=budget)
+
+
+def test_same_fault_type_new_operands_and_positions() -> None:
+    parent = FAMILY.make_task({"expr": "(3+4)*5-6*2", "faults": [{"type": "timeout", "call": 1}]})
+    gen = load_generator({"type": "fault", "per_failure": 8})
+    candidates = list(gen.generate(context([parent])))
+    assert candidates, "no candidates from a failed fault task"
+    assert all(c.spec["faults"][0]["type"] == "timeout" for c in candidates)
+    assert all(c.parent_task_id == parent.task_id for c in candidates)
+    assert all(c.spec["expr"] != parent.spec["expr"] for c in candidates)
+    # New positions too: over 8 variants of a 4-call task the call is not always the parent's.
+    assert {c.spec["faults"][0]["call"] for c in candidates} != {1}
+    accepted, rejected = validate_candidates(candidates, generator="fault", families=FAMILIES,
+                                             known_task_ids=lambda ids: set(), round=1)
+    assert accepted and all("recover:timeout" in t.skills for t in accepted)
+    assert len(accepted) + len(rejected) == len(candidates)
+
+
+def test_clean_failures_are_ignored_unless_clean_too() -> None:
+    clean = FAMILY.make_task({"expr": "3*4+5"})
+    assert list(load_generator({"type": "fault"}).generate(context([clean]))) == []
+    made = list(load_generator({"type": "fault", "clean_too": True, "types": ["renamed"]})
+                .generate(context([clean])))
+    assert made and all(c.spec["faults"][0]["type"] == "renamed" for c in made)
+
+
+def test_budget_and_notation_feasibility() -> None:
+    parents = [FAMILY.make_task(FAMILY.with_fault(FAMILY.sample_spec(random.Random(i)),
+                                                  "notation", random.Random(i)) or
+                                {"expr": "2*3+1", "faults": [{"type": "notation", "call": 0}]})
+               for i in range(6)]
+    made = list(load_generator({"type": "fault", "per_failure": 3}).generate(
+        context(parents, budget=5)))
+    assert len(made) <= 5
+    # perturb keeps the operations, so a notation parent's variants still have a `*` to mark.
+    assert all(c.spec["faults"][0]["type"] == "notation" for c in made)
