@@ -56,6 +56,12 @@ that raise on garbage are reported in the evidence instead of being trusted.
 `cluster_failures` groups a round's failures by `cluster_id` (family, sorted skills, mode) into
 the rows of the store's `clusters` table, each with a plain-text summary that the `teacher`
 generator reads.
+
+Fault tasks (a `recover:T` skill, T the fault type; `fault_type_of`): their skill set keeps fault
+types apart in the clusters, and each cluster row names its `fault_type`, which its summary states
+with the round's total for that type (the other skills split one type over several clusters). An
+`unknown_tool`, `bad_arguments` or `tool_error_unrecovered` failure of a fault task says the fault
+type first in its evidence (`fault timeout: step 1: ...`).
 """
 
 from __future__ import annotations
@@ -84,6 +90,10 @@ TRANSIENT_ERRORS = ("tool_error", "timeout")
 CALL_ERRORS = ("unknown_tool", "bad_arguments", *TRANSIENT_ERRORS)
 TREND_ROUNDS = 3  # earlier rounds in the trend's least-squares fit
 TREND_FLAT = 0.005  # |slope| below this (share per round) reads as "steady"
+# A task carries fault type T when its skills hold `recover:T` (as in the store's
+# `recovery_rates` view); these modes' evidence names it, since the fault is what went wrong.
+RECOVER_PREFIX = "recover:"
+FAULT_EVIDENCE_MODES = ("unknown_tool", "bad_arguments", "tool_error_unrecovered")
 
 _SPACE_RE = re.compile(r"\s+")
 
@@ -420,6 +430,9 @@ class FailureAnalyzer:
         mode, (first_error_step, evidence) = next(
             (mode, found) for mode, detect in DETECTORS.items() if (found := detect(attempt))
         )
+        fault = fault_type_of(task.skills)
+        if fault is not None and mode in FAULT_EVIDENCE_MODES:
+            evidence = f"fault {fault}: {evidence}"
         return Failure(
             traj_id=trajectory.traj_id,
             task_id=task.task_id,
@@ -452,6 +465,28 @@ class FailureAnalyzer:
             self.history[cluster_id].append((r, share))
 
 
+def fault_types(skills: Iterable[Any] | None) -> list[str]:
+    """The fault types a task's skills carry, sorted: T of each `recover:T` tag (a bare
+    `recover:` is no type).
+
+    >>> fault_types(["op:add", "recover:timeout", "recover:notation", "recover:"])
+    ['notation', 'timeout']
+    """
+    return sorted({str(s)[len(RECOVER_PREFIX):] for s in skills or ()
+                   if str(s).startswith(RECOVER_PREFIX) and len(str(s)) > len(RECOVER_PREFIX)})
+
+
+def fault_type_of(skills: Iterable[Any] | None) -> str | None:
+    """A task's fault type: its `fault_types` joined by `+`, None for a clean task.
+
+    >>> fault_type_of(["op:add", "recover:timeout", "steps:2"])
+    'timeout'
+    >>> fault_type_of(["recover:timeout", "recover:notation"]), fault_type_of(["op:add"])
+    ('notation+timeout', None)
+    """
+    return "+".join(fault_types(skills)) or None
+
+
 def cluster_key(failure: Failure) -> tuple[str, tuple[str, ...], str]:
     """(family, sorted skills, mode): failures a generator can aim at together."""
     return failure.family, tuple(sorted(str(s) for s in failure.skills or ())), failure.mode
@@ -459,7 +494,8 @@ def cluster_key(failure: Failure) -> tuple[str, tuple[str, ...], str]:
 
 # -- clusters -----------------------------------------------------------------------------------
 class ClusterRow(TypedDict):
-    """One row of the store's `clusters` table."""
+    """One row of the store's `clusters` table, plus `fault_type` (`fault_type_of` its skills),
+    which is not a column: the store derives it from `skills` where it needs it."""
 
     round: int
     cluster_id: str
@@ -471,6 +507,7 @@ class ClusterRow(TypedDict):
     trend: float | None
     exemplar_traj_ids: list[str]
     summary: str
+    fault_type: str | None
 
 
 def share_trend(points: list[tuple[int, float]]) -> float | None:
@@ -512,13 +549,19 @@ def _exemplars(failures: list[Failure], k: int) -> list[Failure]:
     return (chosen + rest)[:k]
 
 
-def _summary(rows_failures: list[Failure], row: ClusterRow, tasks: dict[str, Task]) -> str:
+def _summary(rows_failures: list[Failure], row: ClusterRow, tasks: dict[str, Task],
+             by_fault: Counter[str], clusters_of_fault: Counter[str]) -> str:
     skills = ", ".join(row["skills"]) or "-"
     head = (
         f"{row['family']} | {skills} | {row['mode']}: {row['n_failures']} failures "
         f"({row['share']:.0%} of rollouts, {_trend_word(row['trend'])})"
     )
     parts = [head]
+    fault = row["fault_type"]
+    if fault is not None:
+        # The other skills (operations, steps) split one fault type over several clusters.
+        parts.append(f"fault {fault}: {by_fault[fault]} failures of this fault type this round, "
+                     f"in {clusters_of_fault[fault]} clusters")
     steps = Counter(f.first_error_step for f in rows_failures if f.first_error_step is not None)
     if steps:
         step, _ = min(steps.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -548,8 +591,9 @@ def cluster_failures(
     [(round, share)], earlier rounds only; later or equal rounds are ignored) plus this round, None
     (NULL) for a new cluster; `exemplar_traj_ids` = up to `exemplars` failed trajectories, distinct
     tasks first; `summary` = a short plain-text paragraph (the `teacher` generator's input) quoting
-    up to two exemplar tasks when `tasks` (task_id -> Task) has them. Rows come biggest cluster
-    first.
+    up to two exemplar tasks when `tasks` (task_id -> Task) has them, and for a cluster of fault
+    tasks its fault type and that type's failures and clusters in the round; `fault_type` =
+    `fault_type_of(skills)`. Rows come biggest cluster first.
 
     This is the run's one trend definition: the store's `failure_patterns` view shows the stored
     `clusters.trend` of a pattern's last round instead of fitting a slope of its own.
@@ -561,6 +605,13 @@ def cluster_failures(
     groups: dict[str, list[Failure]] = defaultdict(list)
     for f in failures:
         groups[f.cluster_id].append(f)
+    fault_of = {cid: fault_type_of(cluster_key(members[0])[1]) for cid, members in groups.items()}
+    by_fault: Counter[str] = Counter()  # fault type -> the round's failures of it
+    clusters_of_fault: Counter[str] = Counter()
+    for cid, members in groups.items():
+        if (fault := fault_of[cid]) is not None:
+            by_fault[fault] += len(members)
+            clusters_of_fault[fault] += 1
     rows: list[ClusterRow] = []
     for cluster_id, members in groups.items():
         family, skills, mode = cluster_key(members[0])
@@ -578,8 +629,9 @@ def cluster_failures(
             trend=share_trend([*past, (round, share)]),
             exemplar_traj_ids=[f.traj_id for f in _exemplars(members, exemplars)],
             summary="",
+            fault_type=fault_of[cluster_id],
         )
-        row["summary"] = _summary(members, row, tasks)
+        row["summary"] = _summary(members, row, tasks, by_fault, clusters_of_fault)
         rows.append(row)
     rows.sort(key=lambda r: (-r["n_failures"], r["cluster_id"]))
     return rows

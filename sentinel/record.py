@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from sentinel.analyzer import fault_types
 from sentinel.types import Failure, Rejection, Task, Trajectory
 
 
@@ -66,7 +67,9 @@ class RoundRecord:
                  greedy: list[Trajectory]) -> None:
         """Record a held-out evaluation: every task's `evals` row (its sampled successes out of
         its samples, and its greedy verdict), the trajectories, `heldout_success` and, with
-        greedy rollouts, `heldout_greedy`."""
+        greedy rollouts, `heldout_greedy`. When some tasks carry fault types (`recover:T`
+        skills), also `recovery/<T>` (sampled successes / samples over the tasks carrying T, as
+        the store's `recovery_rates` view) and `recovery/mean` (their unweighted mean)."""
         self.trajectories += sampled + greedy
         k = Counter(t.task_id for t in sampled)
         ok = Counter(t.task_id for t in sampled if t.success)
@@ -79,6 +82,16 @@ class RoundRecord:
                 "greedy_success": greedy_ok.get(task.task_id),
             })
         self.metrics["heldout_success"] = mean([float(t.success) for t in sampled]) or 0.0
+        attempts: Counter[str] = Counter()
+        recovered: Counter[str] = Counter()
+        for task in tasks:
+            for fault in fault_types(task.skills):
+                attempts[fault] += k[task.task_id]
+                recovered[fault] += ok[task.task_id]
+        rates = {fault: recovered[fault] / n for fault, n in sorted(attempts.items()) if n}
+        self.metrics |= {f"recovery/{fault}": rate for fault, rate in rates.items()}
+        if rates:
+            self.metrics["recovery/mean"] = sum(rates.values()) / len(rates)
         if greedy:
             self.metrics["heldout_greedy"] = mean([float(t.success) for t in greedy]) or 0.0
 
@@ -111,7 +124,8 @@ class RoundRecord:
         }
 
     def summary(self, row: dict[str, Any]) -> str:
-        """One console line: held-out success, failures by mode, generation, seconds."""
+        """One console line: held-out success, held-out recovery (the mean over fault types,
+        then each), failures by mode, generation, seconds."""
         modes = Counter(f.mode for f in self.failures)
         parts = [f"[bold]round {self.round}[/bold]",
                  f"held-out success {row['heldout_success']:.3f}"]
@@ -119,6 +133,11 @@ class RoundRecord:
             parts.append(f"(greedy {row['heldout_greedy']:.3f})")
         if row["train_success"] is not None:
             parts.append(f"train success {row['train_success']:.3f}")
+        recovery = {k.removeprefix("recovery/"): v for k, v in row["metrics"].items()
+                    if k.startswith("recovery/") and k != "recovery/mean"}
+        if recovery:
+            parts.append(f"recovery {row['metrics']['recovery/mean']:.3f} ("
+                         + " ".join(f"{t} {v:.2f}" for t, v in recovery.items()) + ")")
         if modes:
             parts.append("failures " + ", ".join(f"{m}={n}" for m, n in modes.most_common()))
         if self.round > 0:

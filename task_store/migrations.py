@@ -74,6 +74,9 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     # Views only: `failure_patterns.trend` is now the stored `clusters.trend` (re-created below).
     2: (),
+    # Views only: the `recovery_rates` view, and `failure_patterns` gains `fault_type`,
+    # `recovery_rate`, `train_recovery_rate` (appended; re-created below).
+    3: (),
 }
 
 

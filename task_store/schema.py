@@ -1,4 +1,4 @@
-"""The Sentinel store schema (version 3), declared once: tables, keys and views.
+"""The Sentinel store schema (`SCHEMA_VERSION`), declared once: tables, keys and views.
 
 `COLUMNS` is the single source of truth: the DDL strings below are rendered from it, and the store
 derives the pyarrow schema of every columnar insert from it, so the two cannot drift. Column order
@@ -14,7 +14,7 @@ upgrade) so the plain `duckdb` CLI sees them too.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "meta": (("key", "VARCHAR"), ("value", "VARCHAR")),
@@ -161,6 +161,9 @@ HARDEST_WINDOW, HARDEST_MIN_ATTEMPTS = 16, 4
 # `task_lineage` follows at most this many parent links (a guard against a corrupt cycle).
 LINEAGE_MAX_DEPTH = 64
 
+# A task carries fault type T when its skills hold `RECOVER_PREFIX + T` (`recover:timeout`).
+RECOVER_PREFIX = "recover:"
+
 # Train rollouts per round: the denominator of every "share".
 _TRAIN_PER_ROUND = (
     "SELECT round, count(*) AS n_train FROM trajectories WHERE split = 'train' GROUP BY round"
@@ -194,17 +197,51 @@ SELECT p.round, p.split, s.skill, sum(p.n)::BIGINT AS n, sum(p.successes)::BIGIN
 FROM per_task p JOIN tasks t ON t.task_id = p.task_id, UNNEST(t.skills) AS s(skill)
 GROUP BY p.round, p.split, s.skill
 ORDER BY p.round, p.split, s.skill""",
+    # v4. Per round, split and fault type: held-out numbers from `evals` (sampled attempts, and
+    # the one greedy attempt per task beside them), train numbers from train rollouts. A task
+    # counts for each fault type it carries. Defined before `failure_patterns`, which reads it.
+    "recovery_rates": f"""\
+WITH faulted AS (
+    SELECT t.task_id, s.skill[{len(RECOVER_PREFIX) + 1}:] AS fault_type
+    FROM tasks t, UNNEST(t.skills) AS s(skill)
+    WHERE starts_with(s.skill, '{RECOVER_PREFIX}') AND len(s.skill) > {len(RECOVER_PREFIX)}
+), per_task AS (
+    SELECT round, 'eval' AS split, task_id, k AS attempts, successes AS recovered,
+           greedy_success::INTEGER AS greedy
+    FROM evals
+    UNION ALL
+    SELECT round, 'train', task_id, count(*), count(*) FILTER (WHERE success), NULL::INTEGER
+    FROM trajectories WHERE split = 'train' GROUP BY round, task_id
+)
+SELECT p.round, p.split, f.fault_type, count(DISTINCT p.task_id)::BIGINT AS tasks,
+       sum(p.attempts)::BIGINT AS attempts, sum(p.recovered)::BIGINT AS recovered,
+       sum(p.recovered) / NULLIF(sum(p.attempts), 0) AS recovery_rate,
+       avg(p.greedy) AS greedy_rate
+FROM per_task p JOIN faulted f ON f.task_id = p.task_id
+GROUP BY p.round, p.split, f.fault_type
+ORDER BY p.round, p.split, f.fault_type""",
     # One trend definition: the analyzer's, stored in `clusters.trend` (NULL for a cluster new in
-    # its round); a pattern shows the one of the last round it failed in.
-    "failure_patterns": """\
+    # its round); a pattern shows the one of the last round it failed in. v4: the pattern's
+    # fault type ('+'-joined when several) and its recovery rates in that round.
+    "failure_patterns": f"""\
 WITH patterns AS (
     SELECT family, list_sort(skills) AS skills, mode, max(cluster_id) AS cluster_id,
            count(*)::BIGINT AS n_failures, min(round) AS first_round, max(round) AS last_round
     FROM failures GROUP BY family, list_sort(skills), mode
+), typed AS (
+    SELECT *, (SELECT string_agg(u.skill[{len(RECOVER_PREFIX) + 1}:], '+' ORDER BY u.skill)
+               FROM UNNEST(skills) AS u(skill)
+               WHERE starts_with(u.skill, '{RECOVER_PREFIX}')
+                 AND len(u.skill) > {len(RECOVER_PREFIX)}) AS fault_type
+    FROM patterns
 )
 SELECT p.family, p.skills, p.mode, p.cluster_id, p.n_failures, p.first_round, p.last_round,
-       c.trend
-FROM patterns p LEFT JOIN clusters c ON c.cluster_id = p.cluster_id AND c.round = p.last_round
+       c.trend, p.fault_type, e.recovery_rate, tr.recovery_rate AS train_recovery_rate
+FROM typed p LEFT JOIN clusters c ON c.cluster_id = p.cluster_id AND c.round = p.last_round
+LEFT JOIN recovery_rates e
+  ON e.split = 'eval' AND e.round = p.last_round AND e.fault_type = p.fault_type
+LEFT JOIN recovery_rates tr
+  ON tr.split = 'train' AND tr.round = p.last_round AND tr.fault_type = p.fault_type
 ORDER BY p.n_failures DESC, p.family, p.mode, p.skills""",
     # A targeted cluster "shrank" when its pooled failure share over the rounds after the
     # generator's first task aimed at it is below its share in that round (the round whose

@@ -5,6 +5,8 @@ The task is (3+4)*5: the reference makes two calculator calls (3+4 -> 7, 7*5 -> 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sentinel.analyzer import (
@@ -12,6 +14,7 @@ from sentinel.analyzer import (
     FailureAnalyzer,
     cluster_failures,
     cluster_key,
+    fault_type_of,
     share_trend,
 )
 from sentinel.tasks import load_family
@@ -381,8 +384,9 @@ def test_cluster_failures_rows():
     row = rows[0]
     assert set(row) == {
         "round", "cluster_id", "family", "skills", "mode", "n_failures", "share", "trend",
-        "exemplar_traj_ids", "summary",
+        "exemplar_traj_ids", "summary", "fault_type",
     }
+    assert row["fault_type"] is None and "fault" not in row["summary"]  # a clean task
     assert (row["round"], row["cluster_id"], row["n_failures"]) == (5, cid, 4)
     assert row["skills"] == sorted(TASK.skills) and row["family"] == "arith"
     assert row["share"] == pytest.approx(0.1)
@@ -397,6 +401,73 @@ def test_cluster_failures_rows():
     assert rows[1]["trend"] is None and "new" in rows[1]["summary"]
     with pytest.raises(ValueError, match="n_rollouts"):
         cluster_failures(failures, 5, 0)
+
+
+def _with_skills(task: Task, *skills: str) -> Task:
+    return dataclasses.replace(task, skills=sorted([*task.skills, *skills]))
+
+
+def test_clusters_name_their_fault_type_and_its_total_over_clusters():
+    """Fault types stay apart (the `recover:T` skill is in the cluster key), each row names its
+    fault type, and its summary gives the round's total of that type, which the other skills
+    split over several clusters; cluster ids are still those of (family, skills, mode)."""
+    timeout = _with_skills(TASK, "recover:timeout")
+    timeout_other = _with_skills(ARITH.make_task({"expr": "2+9"}), "recover:timeout")
+    renamed = _with_skills(TASK, "recover:renamed")
+    failures = [
+        _failure(timeout, "tool_error_unrecovered", "t1"),
+        _failure(timeout, "tool_error_unrecovered", "t2"),
+        _failure(timeout_other, "tool_error_unrecovered", "t3"),
+        _failure(renamed, "tool_error_unrecovered", "t4"),
+        _failure(TASK, "tool_error_unrecovered", "t5"),
+    ]
+    rows = {r["cluster_id"]: r for r in cluster_failures(failures, 5, 40)}
+    assert len(rows) == 4
+    by_task = {cluster_id_for("arith", t.skills, "tool_error_unrecovered"): t
+               for t in (timeout, timeout_other, renamed, TASK)}
+    assert set(rows) == set(by_task)  # ids unchanged: (family, sorted skills, mode)
+    assert {cid: r["fault_type"] for cid, r in rows.items()} == {
+        cid: fault_type_of(t.skills) for cid, t in by_task.items()}
+    assert sorted(str(r["fault_type"]) for r in rows.values()) == [
+        "None", "renamed", "timeout", "timeout"]
+    for row in rows.values():
+        fault = row["fault_type"]
+        if fault == "timeout":  # 2 + 1 failures of timeout tasks, in 2 clusters
+            assert "fault timeout: 3 failures of this fault type this round, in 2 clusters" \
+                in row["summary"], row["summary"]
+        elif fault == "renamed":
+            assert "fault renamed: 1 failures of this fault type this round, in 1 clusters" \
+                in row["summary"], row["summary"]
+        else:
+            assert "fault" not in row["summary"]
+
+
+def test_fault_type_of_skills():
+    assert fault_type_of(["op:add", "recover:timeout", "steps:2"]) == "timeout"
+    assert fault_type_of(["tool:lookup", "recover:tool_error"]) == "tool_error"
+    assert fault_type_of(["recover:timeout", "recover:notation"]) == "notation+timeout"
+    assert fault_type_of(["op:add", "recover:"]) is None  # a bare prefix is no type
+    assert fault_type_of(["recover:", "recover:timeout"]) == "timeout"
+    assert fault_type_of(None) is None
+
+
+@pytest.mark.parametrize("mode", ["unknown_tool", "bad_arguments", "tool_error_unrecovered"])
+def test_fault_task_evidence_names_the_fault_type(mode):
+    steps, finish_reason, first = CASES[mode]
+    task = _with_skills(TASK, "recover:renamed")
+    failure = FailureAnalyzer({"arith": ARITH}).classify(task, trajectory(steps, finish_reason))
+    assert (failure.mode, failure.first_error_step) == (mode, first)
+    clean = classify(steps, finish_reason)
+    assert failure.evidence == f"fault renamed: {clean.evidence}"
+    assert not clean.evidence.startswith("fault")
+
+
+def test_other_modes_of_a_fault_task_keep_their_evidence():
+    steps, finish_reason, _ = CASES["wrong_answer"]
+    task = _with_skills(TASK, "recover:timeout")
+    failure = FailureAnalyzer({"arith": ARITH}).classify(task, trajectory(steps, finish_reason))
+    assert failure.mode == "wrong_answer"
+    assert failure.evidence == classify(steps, finish_reason).evidence
 
 
 def test_share_trend():

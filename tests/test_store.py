@@ -430,7 +430,7 @@ def test_v1_file_is_upgraded_in_place_keeping_every_row(tmp_path: Path) -> None:
     assert Store(path).query(columns) == Store(fresh).query(columns)
     views = "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name"
     assert Store(path).query(views)[1] == Store(fresh).query(views)[1]
-    assert len(Store(path).query(views)[1]) == 6
+    assert len(Store(path).query(views)[1]) == 7
     _, rows = Store(path).query("SELECT task_id, ancestor_id, depth FROM task_lineage")
     assert ("arith-b", "arith-a", 1) in rows
 

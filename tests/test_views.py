@@ -45,8 +45,8 @@ def test_views_are_in_the_file_for_any_duckdb_client(store: Store) -> None:
         names = con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal "
                             "ORDER BY view_name").fetchall()
     assert [n[0] for n in names] == ["failure_modes_by_round", "failure_patterns",
-                                     "generator_yield", "hardest_tasks", "skill_mastery",
-                                     "task_lineage"]
+                                     "generator_yield", "hardest_tasks", "recovery_rates",
+                                     "skill_mastery", "task_lineage"]
 
 
 def test_view_counts_are_plain_integers(store: Store) -> None:
@@ -92,11 +92,12 @@ def test_failure_patterns_group_by_skill_set(store: Store) -> None:
                            failures=rows)
     cols, rows = store.query("SELECT * FROM failure_patterns")
     assert cols == ["family", "skills", "mode", "cluster_id", "n_failures", "first_round",
-                    "last_round", "trend"]
-    # No `clusters` rows were written, so there is no trend to show.
+                    "last_round", "trend", "fault_type", "recovery_rate", "train_recovery_rate"]
+    # No `clusters` rows were written, so there is no trend to show; no fault task, so no
+    # recovery rate (tests/test_recovery_views.py has those).
     assert rows == [
-        ("arith", ["a", "b"], "wrong_answer", "P", 8, 1, 3, None),
-        ("arith", ["a"], "loop", "Q", 1, 4, 4, None),
+        ("arith", ["a", "b"], "wrong_answer", "P", 8, 1, 3, None, None, None, None),
+        ("arith", ["a"], "loop", "Q", 1, 4, 4, None, None, None, None),
     ]
 
 
