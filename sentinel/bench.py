@@ -18,16 +18,30 @@ Protocol (docs/results.md has the figures):
    - `filter`: base-distribution draws with online difficulty filtering: groups whose pass rate is
      0 or 1 are dropped before the update (DAPO dynamic sampling, judged on verified success,
      `curriculum.zero_variance_on: success`) and tasks already solved every time are not drawn
-     again.
+     again;
+   - `exposure` (fault benches): `uniform`, but the base distribution carries scheduled faults at
+     the share of fault tasks the `failure` run of the same seed ended up training on (measured
+     from its store; `bench.exposure_share` fixes it instead), fault types drawn uniformly from
+     the families' `fault_types`: the control that separates *mining* from mere *exposure*.
+     Exposure runs start after the failure runs they copy.
    Every arm runs the same rounds, steps, tasks per step and group size, so the same number of
    training rollouts; the `failure` arm's difficulty-probe rollouts are added to its count (they
    are rollouts it spent), so its curve is charged for them.
 3. The held-out set is the config's `eval` section, the same fixed seeded tasks for every run
-   (configs/bench_arith.yaml adds a harder tail: more operands, larger numbers).
+   (configs/bench_arith.yaml adds a harder tail: more operands, larger numbers;
+   configs/bench_recovery.yaml holds 40 tasks per fault type plus clean tasks).
+4. The metric (`bench.metric`, fixed in the config before the runs): `success` (held-out success)
+   or `recovery` (the held-out recovery rate: success on the tasks of each fault type, `recover:T`
+   skills, averaged over the types). Clean-task success is reported beside it as the
+   no-regression check. Per arm: rollouts to `bench.target` and the area under the metric-vs-
+   rollouts curve (trapezoids, divided by the budget: the mean metric over the budget), each
+   with its mean and a 95 % bootstrap CI over seeds; the ratio of rollouts-to-target of each
+   other arm to `failure` with a paired bootstrap CI (seeds resampled together).
 
 Outputs in OUT: `results.json` (every curve and figure), `results.md` (the table), `curves.png`
 (held-out success against rollouts, mean and min-max band over seeds per arm). The last line
-printed is `rollouts-to-target ratio: uniform/failure N.NN, filter/failure N.NN`; a run that
+printed is `rollouts-to-target ratio: uniform/failure N.NN [lo, hi], exposure/failure ...,
+filter/failure ...` (bracketed: the paired bootstrap 95 % CI); a run that
 never reaches the target counts with its whole budget there (a lower bound, marked `>`; `<` when
 only the failure arm fell short, `~` when both partly did, `n/a` when neither arm ever reached
 it).
@@ -41,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -55,8 +70,10 @@ from pydantic import Field
 
 from sentinel.config import Section, SentinelConfig, load_config
 
-ARMS = ("failure", "uniform", "filter")
-Arm = Literal["failure", "uniform", "filter"]
+ARMS = ("failure", "uniform", "filter", "exposure")
+Arm = Literal["failure", "uniform", "filter", "exposure"]
+Metric = Literal["success", "recovery"]
+BOOTSTRAP = 2000  # resamples of the seeds for every CI
 
 
 class BenchSection(Section):
@@ -66,6 +83,12 @@ class BenchSection(Section):
     min_skill_tasks: int = Field(8, ge=1, description="held-out tasks a reported skill needs")
     parallel: int = Field(2, ge=1, description="runs at once (processes)")
     threads: int = Field(1, ge=1, description="torch threads per run")
+    metric: Metric = Field("success", description="what target and area are measured on: "
+                           "held-out success, or the held-out recovery rate (mean over fault "
+                           "types)")
+    exposure_share: float | None = Field(None, ge=0.0, le=1.0, description="exposure arm: share "
+                                         "of base tasks carrying a fault (null: the share the "
+                                         "failure run of the same seed trained on)")
 
 
 class BenchConfig(SentinelConfig):
@@ -85,14 +108,25 @@ def load_bench_config(path: str | Path | None, overrides: list[str] | None = Non
     return load_config(path, overrides, model=BenchConfig)
 
 
-def arm_config(config: BenchConfig, arm: str, seed: int, policy: Path) -> dict[str, Any]:
-    """The loop config of one run: the bench config with the arm's sampling and the shared start."""
+def arm_config(config: BenchConfig, arm: str, seed: int, policy: Path,
+               exposure_share: float | None = None) -> dict[str, Any]:
+    """The loop config of one run: the bench config with the arm's sampling and the shared start.
+    `exposure_share`: the `exposure` arm's share of fault tasks in its base distribution."""
     data = config.run_config()
     data["seed"] = seed
     data["policy"]["model"] = str(policy.resolve())
     data["sft"]["enabled"] = False
     cur = data["curriculum"]
-    if arm == "uniform":
+    if arm == "exposure":
+        if exposure_share is None:
+            raise BenchError("the exposure arm needs its fault share (bench.exposure_share or "
+                             "the failure run's)")
+        for entry in data["families"]:
+            if not entry.get("fault_types"):
+                raise BenchError(f"exposure arm: family {entry['type']!r} has no fault_types to "
+                                 "draw from")
+            entry["fault_share"] = exposure_share
+    if arm in ("uniform", "exposure"):
         data["generators"] = []
         cur.update(mined_fraction=0.0, replay_fraction=0.0, drop_zero_variance=False,
                    mastery_threshold=1.0, mastery_min_samples=10**9)
@@ -151,6 +185,22 @@ class RunResult:
     success: list[float] = field(default_factory=list)  # held-out success after each round
     skills: dict[str, float] = field(default_factory=dict)  # final held-out success per skill
     seconds: float = 0.0
+    recovery: list[float] = field(default_factory=list)  # held-out recovery rate, mean over types
+    clean: list[float] = field(default_factory=list)  # held-out success on fault-free tasks
+    fault_share: float = 0.0  # share of its training rollouts on tasks carrying a fault
+
+    def curve(self, metric: str) -> list[float]:
+        return self.recovery if metric == "recovery" else self.success
+
+
+# Held-out success per round and fault type (`recover:T`; NULL: the fault-free tasks).
+_BY_FAULT = """
+SELECT e.round, list_filter(t.skills, s -> s LIKE 'recover:%')[1] AS fault,
+       sum(e.successes)::DOUBLE / sum(e.k) AS rate
+FROM evals e JOIN tasks t USING (task_id) GROUP BY ALL"""
+_TRAIN_FAULT_SHARE = """
+SELECT coalesce(avg((len(list_filter(t.skills, s -> s LIKE 'recover:%')) > 0)::INT), 0)
+FROM trajectories tr JOIN tasks t USING (task_id) WHERE tr.split = 'train'"""
 
 
 def read_run(run_dir: Path, arm: str, seed: int) -> RunResult:
@@ -160,13 +210,21 @@ def read_run(run_dir: Path, arm: str, seed: int) -> RunResult:
     _, rows = store.query(
         "SELECT round, n_train_rollouts, heldout_success, "
         "coalesce(TRY_CAST(metrics->>'probe_rollouts' AS DOUBLE), 0) FROM rounds ORDER BY round")
+    by_fault: dict[int, dict[str | None, float]] = {}
+    for r, fault, rate in store.query(_BY_FAULT)[1]:
+        by_fault.setdefault(r, {})[fault] = float(rate)
     result = RunResult(arm, seed)
     total = 0.0
-    for _, n_train, success, probe in rows:
+    for r, n_train, success, probe in rows:
         total += (n_train or 0) + probe
         result.rollouts.append(total)
         result.success.append(float(success))
+        rates = by_fault.get(r, {})
+        faults = [v for k, v in rates.items() if k is not None]
+        result.recovery.append(statistics.fmean(faults) if faults else math.nan)
+        result.clean.append(rates.get(None, math.nan))
     result.skills = skill_success(store, rows[-1][0])
+    result.fault_share = float(store.query(_TRAIN_FAULT_SHARE)[1][0][0])
     return result
 
 
@@ -204,29 +262,89 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def summarize(results: list[RunResult], target: float, hardest: list[str]) -> dict[str, Any]:
+def area_under(rollouts: list[float], values: list[float]) -> float:
+    """Area under the metric-vs-rollouts curve (trapezoids), divided by the rollouts spent: the
+    mean metric over the budget.
+
+    >>> area_under([0, 100, 200], [0.2, 0.4, 0.4])
+    0.35
+    """
+    if len(rollouts) < 2 or rollouts[-1] <= rollouts[0]:
+        return float(values[-1]) if values else math.nan
+    area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in
+               zip(rollouts, rollouts[1:], values, values[1:]))
+    return round(area / (rollouts[-1] - rollouts[0]), 12)
+
+
+def bootstrap_ci(values: list[float], stat: Any = statistics.fmean, n: int = BOOTSTRAP,
+                 seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap CI of `stat` over `values` (the seeds), resampled with a fixed
+    seed; (nan, nan) for no values."""
+    if not values:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    stats = sorted(stat([rng.choice(values) for _ in values]) for _ in range(n))
+    return stats[int(0.025 * n)], stats[min(n - 1, int(0.975 * n))]
+
+
+def paired_ratio_ci(other: list[float], base: list[float], n: int = BOOTSTRAP,
+                    seed: int = 0) -> tuple[float, float]:
+    """95 % bootstrap CI of mean(other) / mean(base), the seeds resampled together (pairs)."""
+    pairs = list(zip(other, base, strict=True))
+    if not pairs:
+        return math.nan, math.nan
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(n):
+        sample = [rng.choice(pairs) for _ in pairs]
+        ratios.append(statistics.fmean(o for o, _ in sample)
+                      / max(statistics.fmean(b for _, b in sample), 1e-9))
+    ratios.sort()
+    return ratios[int(0.025 * n)], ratios[min(n - 1, int(0.975 * n))]
+
+
+def summarize(results: list[RunResult], target: float, hardest: list[str],
+              metric: str = "success") -> dict[str, Any]:
     arms: dict[str, Any] = {}
     for arm in dict.fromkeys(r.arm for r in results):
-        runs = [r for r in results if r.arm == arm]
-        reached = [rollouts_to_target(r.rollouts, r.success, target) for r in runs]
+        runs = sorted((r for r in results if r.arm == arm), key=lambda r: r.seed)
+        reached = [rollouts_to_target(r.rollouts, r.curve(metric), target) for r in runs]
         # A run that never reached the target counts with its whole budget (a lower bound).
         bounded = [x if x is not None else r.rollouts[-1] for x, r in zip(reached, runs,
                                                                            strict=True)]
+        areas = [area_under(r.rollouts, r.curve(metric)) for r in runs]
+        finals = [r.curve(metric)[-1] for r in runs]
         arms[arm] = {
             "seeds": [r.seed for r in runs],
             "rollouts_to_target": reached,
+            "rollouts_to_target_bounded": bounded,
             "rollouts_to_target_mean": _mean_sd(bounded)[0],
             "rollouts_to_target_sd": _mean_sd(bounded)[1],
+            "rollouts_to_target_ci": bootstrap_ci(bounded),
             "reached": sum(x is not None for x in reached),
+            "area": areas,
+            "area_mean": _mean_sd(areas)[0],
+            "area_ci": bootstrap_ci(areas),
+            "final_mean": _mean_sd(finals)[0],
+            "final_ci": bootstrap_ci(finals),
             "final_success_mean": _mean_sd([r.success[-1] for r in runs])[0],
             "final_success_sd": _mean_sd([r.success[-1] for r in runs])[1],
+            "final_clean_mean": _mean_sd([r.clean[-1] for r in runs if r.clean])[0],
+            "start_clean_mean": _mean_sd([r.clean[0] for r in runs if r.clean])[0],
+            "fault_share": [r.fault_share for r in runs],
             "budget": statistics.fmean(r.rollouts[-1] for r in runs),
             "skills": {s: _mean_sd([r.skills[s] for r in runs if s in r.skills])
                        for s in hardest},
-            "curves": [{"seed": r.seed, "rollouts": r.rollouts, "success": r.success}
-                       for r in runs],
+            "curves": [{"seed": r.seed, "rollouts": r.rollouts, "success": r.success,
+                        "recovery": r.recovery, "clean": r.clean} for r in runs],
         }
-    return {"target": target, "hardest_skills": hardest, "arms": arms}
+    if "failure" in arms:
+        base = arms["failure"]
+        for arm, a in arms.items():
+            if arm != "failure" and a["seeds"] == base["seeds"]:
+                a["ratio_ci"] = paired_ratio_ci(a["rollouts_to_target_bounded"],
+                                                base["rollouts_to_target_bounded"])
+    return {"target": target, "metric": metric, "hardest_skills": hardest, "arms": arms}
 
 
 def ratio_line(summary: dict[str, Any]) -> str:
@@ -235,7 +353,7 @@ def ratio_line(summary: dict[str, Any]) -> str:
         return "rollouts-to-target ratio: n/a (no failure arm)"
     base = arms["failure"]
     parts = []
-    for other in ("uniform", "filter"):
+    for other in ("uniform", "exposure", "filter"):
         if other not in arms:
             continue
         a = arms[other]
@@ -252,21 +370,31 @@ def ratio_line(summary: dict[str, Any]) -> str:
             flag = "<"
         elif base["reached"] < len(base["seeds"]):
             flag = "~"
-        parts.append(f"{other}/failure {flag}{ratio:.2f}")
+        ci = a.get("ratio_ci")
+        interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        parts.append(f"{other}/failure {flag}{ratio:.2f}{interval}")
     return "rollouts-to-target ratio: " + ", ".join(parts)
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
     hardest = summary["hardest_skills"]
-    head = (["arm", f"rollouts to {summary['target']:.2f} (reached)", "final held-out success"]
+    metric = summary.get("metric", "success")
+    name = "held-out recovery" if metric == "recovery" else "held-out success"
+    head = (["arm", f"rollouts to {summary['target']:.2f} {name} (reached)",
+             f"area (mean {name} over the budget)", f"final {name}", "final held-out success",
+             "clean success (start → final)"]
             + [f"`{s}`" for s in hardest])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, a in summary["arms"].items():
-        rtt = f"{a['rollouts_to_target_mean']:.0f} ± {a['rollouts_to_target_sd']:.0f}"
+        lo, hi = a["rollouts_to_target_ci"]
+        rtt = f"{a['rollouts_to_target_mean']:.0f} [{lo:.0f}, {hi:.0f}]"
         if a["reached"] < len(a["seeds"]):
             rtt = f"≥ {rtt}"
         cells = [arm, f"{rtt} ({a['reached']}/{len(a['seeds'])})",
-                 f"{a['final_success_mean']:.3f} ± {a['final_success_sd']:.3f}"]
+                 f"{a['area_mean']:.3f} [{a['area_ci'][0]:.3f}, {a['area_ci'][1]:.3f}]",
+                 f"{a['final_mean']:.3f} [{a['final_ci'][0]:.3f}, {a['final_ci'][1]:.3f}]",
+                 f"{a['final_success_mean']:.3f} ± {a['final_success_sd']:.3f}",
+                 f"{a['start_clean_mean']:.3f} → {a['final_clean_mean']:.3f}"]
         cells += [f"{a['skills'][s][0]:.3f} ± {a['skills'][s][1]:.3f}" for s in hardest]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -286,13 +414,16 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     for arm, a in summary["arms"].items():
         curves = a["curves"]
         grid = np.unique(np.concatenate([c["rollouts"] for c in curves]))
-        ys = np.stack([np.interp(grid, c["rollouts"], c["success"]) for c in curves])
+        key = summary.get("metric", "success")
+        ys = np.stack([np.interp(grid, c["rollouts"], c[key]) for c in curves])
         line, = ax.plot(grid, ys.mean(0), marker="o", ms=3, label=f"{arm} (n={len(curves)})")
         ax.fill_between(grid, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.18)
     ax.axhline(summary["target"], ls="--", color="grey", lw=1, label="target")
     ax.set_xlabel("rollouts (training + difficulty probes)")
-    ax.set_ylabel("held-out success")
-    ax.set_title("held-out success against rollouts (mean, min-max over seeds)")
+    label = ("held-out recovery rate" if summary.get("metric") == "recovery"
+             else "held-out success")
+    ax.set_ylabel(label)
+    ax.set_title(f"{label} against rollouts (mean, min-max over seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -316,7 +447,13 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
     cold = out / "cold-start"
     cold_cfg = config.run_config()
     cold_cfg["rounds"] = 0
-    runs = [(arm, seed) for seed in range(seeds) for arm in b.arms]
+    if "exposure" in b.arms and b.exposure_share is None and "failure" not in b.arms:
+        raise BenchError("the exposure arm copies the failure arm's fault share: add the "
+                         "failure arm or set bench.exposure_share")
+    # Exposure runs last: each copies the fault share its seed's failure run trained on.
+    first = [(arm, seed) for seed in range(seeds) for arm in b.arms if arm != "exposure"]
+    later = [("exposure", seed) for seed in range(seeds) if "exposure" in b.arms]
+    runs = first + later
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("cold start (SFT)", total=1 + len(runs))
@@ -326,13 +463,19 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
 
         def one(job: tuple[str, int]) -> tuple[str, int, float]:
             arm, seed = job
-            secs = _launch(arm_config(config, arm, seed, policy), out / f"{arm}-s{seed}",
+            share = None
+            if arm == "exposure":
+                share = b.exposure_share
+                if share is None:
+                    share = read_run(out / f"failure-s{seed}", "failure", seed).fault_share
+            secs = _launch(arm_config(config, arm, seed, policy, share), out / f"{arm}-s{seed}",
                            config.rounds, b.threads)
             progress.update(bar, advance=1)
             return arm, seed, secs
 
         with ThreadPoolExecutor(max_workers=b.parallel) as pool:
-            timings = list(pool.map(one, runs))
+            timings = list(pool.map(one, first))
+            timings += list(pool.map(one, later))
     results = []
     for (arm, seed), (_, _, secs) in zip(runs, timings, strict=True):
         r = read_run(out / f"{arm}-s{seed}", arm, seed)
@@ -340,7 +483,7 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
         results.append(r)
     start_skills = skill_success(Store(cold / "sentinel.duckdb"), 0, b.min_skill_tasks)
     hardest = sorted(start_skills, key=lambda s: (start_skills[s], s))[: b.hardest_skills]
-    summary = summarize(results, b.target, hardest)
+    summary = summarize(results, b.target, hardest, b.metric)
     summary["start_success"] = results[0].success[0] if results else None
     summary["start_skills"] = {s: start_skills[s] for s in hardest}
     summary["seconds"] = time.time() - started

@@ -12,8 +12,11 @@ from typer.testing import CliRunner
 
 from sentinel.bench import (
     BenchConfig,
+    BenchError,
     RunResult,
+    area_under,
     arm_config,
+    bootstrap_ci,
     load_bench_config,
     markdown_table,
     ratio_line,
@@ -87,7 +90,9 @@ def test_figures():
     assert s["arms"]["failure"]["skills"]["a"][0] == pytest.approx(0.6)
     # The unreached seed counts with its budget (20): (20 + 18) / 2 = 19 against 11.25, and the
     # ratio is a lower bound.
-    assert ratio_line(s) == "rollouts-to-target ratio: uniform/failure >1.69"
+    # Paired bootstrap over the two seeds: a resample is (seed 0, seed 0) 20/15 = 1.33, (seed 1,
+    # seed 1) 18/7.5 = 2.40, or mixed 38/22.5 = 1.69; the CI runs from the first to the second.
+    assert ratio_line(s) == "rollouts-to-target ratio: uniform/failure >1.69 [1.33, 2.40]"
     assert "(1/2)" in markdown_table(s)
     # Neither arm reaching the target gives no ratio, not a ratio of budgets.
     none = summarize(runs, 0.9, ["a"])
@@ -141,3 +146,45 @@ def test_held_out_entries_sample_with_their_own_config(tmp_path):
     # Training draws keep the training config (two operands, one step).
     train = [loop.mixture.sample(loop.rng) for _ in range(12)]
     assert all("steps:1" in t.skills for t in train)
+
+
+def test_area_and_bootstrap():
+    # Trapezoids: (0.2 + 0.4) / 2 * 100 + 0.4 * 100 = 70 over 200 rollouts.
+    assert area_under([0, 100, 200], [0.2, 0.4, 0.4]) == pytest.approx(0.35)
+    assert bootstrap_ci([0.5, 0.5, 0.5]) == (0.5, 0.5)
+    lo, hi = bootstrap_ci([0.0, 1.0] * 5)
+    assert 0.1 < lo < 0.5 < hi < 0.9
+
+
+def test_recovery_metric_drives_target_and_area():
+    """With `metric: recovery` the target is read off the recovery curve, not held-out success."""
+    runs = [RunResult("failure", 0, [0, 10, 20], [0.5, 0.5, 0.5], recovery=[0.1, 0.3, 0.5],
+                      clean=[0.6, 0.6, 0.6]),
+            RunResult("uniform", 0, [0, 10, 20], [0.5, 0.5, 0.5], recovery=[0.1, 0.1, 0.2],
+                      clean=[0.6, 0.6, 0.5])]
+    s = summarize(runs, 0.4, [], metric="recovery")
+    assert s["arms"]["failure"]["rollouts_to_target"] == [pytest.approx(15.0)]
+    assert s["arms"]["uniform"]["rollouts_to_target"] == [None]
+    # (0.1 + 0.3) / 2 * 10 + (0.3 + 0.5) / 2 * 10 = 6 over 20 rollouts.
+    assert s["arms"]["failure"]["area_mean"] == pytest.approx(0.3)
+    assert s["arms"]["uniform"]["final_clean_mean"] == pytest.approx(0.5)
+    assert ratio_line(s) == "rollouts-to-target ratio: uniform/failure >1.33 [1.33, 1.33]"
+    # On held-out success (flat at 0.5) the same runs reach 0.4 at once, both.
+    assert summarize(runs, 0.4, [])["arms"]["uniform"]["rollouts_to_target"] == [0.0]
+
+
+def test_exposure_arm_carries_the_given_fault_share(tmp_path):
+    data = {**TINY, "families": [{**TINY["families"][0], "fault_share": 0.1,
+                                  "fault_types": ["timeout", "renamed"]}]}
+    cfg = BenchConfig.model_validate(data)
+    exposure = arm_config(cfg, "exposure", 3, tmp_path / "p", exposure_share=0.37)
+    uniform = arm_config(cfg, "uniform", 3, tmp_path / "p")
+    assert exposure["families"][0]["fault_share"] == 0.37
+    assert uniform["families"][0]["fault_share"] == 0.1  # uniform keeps the realistic share
+    assert exposure["generators"] == [] and exposure["curriculum"] == uniform["curriculum"]
+    load_config(data=exposure)
+    with pytest.raises(BenchError, match="fault share"):
+        arm_config(cfg, "exposure", 3, tmp_path / "p")
+    no_types = BenchConfig.model_validate(TINY)
+    with pytest.raises(BenchError, match="fault_types"):
+        arm_config(no_types, "exposure", 3, tmp_path / "p", exposure_share=0.2)
