@@ -77,7 +77,8 @@ BOOTSTRAP = 2000  # resamples of the seeds for every CI
 
 
 class BenchSection(Section):
-    arms: list[Arm] = Field(default_factory=lambda: list(ARMS), description="arms to run")
+    arms: list[Arm] = Field(default_factory=lambda: ["failure", "uniform", "filter"],
+                            description="arms to run (exposure: fault benches only)")
     target: float = Field(0.5, gt=0, le=1, description="held-out success to reach")
     hardest_skills: int = Field(4, ge=1, description="skills reported per arm (lowest at start)")
     min_skill_tasks: int = Field(8, ge=1, description="held-out tasks a reported skill needs")
