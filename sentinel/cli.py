@@ -192,12 +192,14 @@ def status(
     interval: Annotated[float, typer.Option("--interval", min=0.2, metavar="SECONDS",
                                             help="seconds between refreshes")] = 5.0,
 ) -> None:
-    """One line per round: held-out success, failures, generation, training metrics.
+    """One line per round: held-out success, failures, generation, training metrics; when the
+    held-out set holds fault tasks, a second table: held-out recovery per fault type and round.
 
     `--watch` refreshes while a loop runs (read-only; waits while a commit holds the store)."""
     import json
     import time
 
+    from rich.console import Group
     from rich.table import Table
 
     store = _store(run_dir)
@@ -213,7 +215,30 @@ def status(
             keys = ("sft/loss", "sft/grad_norm")
         return " ".join(f"{k}={m[k]:.3g}" for k in keys if isinstance(m.get(k), int | float))
 
-    def table(last: int | None = None) -> Table:
+    def recovery(rounds: list[int]) -> Table | None:
+        """Held-out recovery rate (sampled) per fault type, their mean, and the mean greedy rate
+        beside it (`recovery_rates`, docs/schema.md); None without held-out fault tasks."""
+        _, rows = store.query(
+            "SELECT round, fault_type, recovery_rate, greedy_rate FROM recovery_rates "
+            "WHERE split = 'eval' AND list_contains(?, round) ORDER BY round, fault_type",
+            [rounds])
+        if not rows:
+            return None
+        types = sorted({t for _, t, _, _ in rows})
+        by_round: dict[int, dict[str, tuple[float, float | None]]] = {}
+        for r, fault, rate, greedy in rows:
+            by_round.setdefault(r, {})[fault] = (rate, greedy)
+        out = Table("round", "mean (greedy)", *types,
+                    title="held-out recovery per fault type")
+        for r, rates in by_round.items():
+            greedy = [g for _, g in rates.values() if g is not None]
+            mean = sum(v for v, _ in rates.values()) / len(rates)
+            mean_cell = pct(mean) + (f" ({sum(greedy) / len(greedy):.3f})" if greedy else "")
+            out.add_row(str(r), mean_cell,
+                        *(pct(rates[t][0]) if t in rates else "-" for t in types))
+        return out
+
+    def table(last: int | None = None) -> Table | Group:
         _, rounds = store.query(
             "SELECT round, heldout_success, heldout_greedy, train_success, n_proposed, "
             "n_accepted, n_rejected, metrics FROM rounds ORDER BY round")
@@ -230,7 +255,8 @@ def status(
                         ", ".join(by_round.get(r, [])),
                         "-" if r == 0 else f"{proposed}/{accepted}/{rejected}",
                         train_metrics(metrics))
-        return out
+        faults = recovery([row[0] for row in shown])
+        return out if faults is None else Group(out, faults)
 
     if not watch:
         console.print(table())

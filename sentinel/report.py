@@ -34,6 +34,7 @@ from typing import Any
 from markupsafe import Markup
 
 from sentinel.env.parser import ANSWER_OPEN, BLOCK_RE, TOOL_CALL_OPEN
+from task_store.schema import RECOVER_PREFIX
 
 MAX_POINTS = 200
 MAX_BARS = 40
@@ -48,6 +49,7 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
            "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#8c564b")
 ACCEPTED = "#59a14f"  # green; no rejection reason shares it
 MAX_FIXES = 12
+MAX_RECOVERY_ROWS = 25  # rows (rounds or buckets of rounds) of the recovery table
 W, H = 760, 260
 ML, MR, MT, MB = 52, 16, 14, 34
 
@@ -462,6 +464,22 @@ def collect(con: Any) -> dict[str, Any]:
         ctx["plots"]["generators"] = hbars("plot-generators", [str(g) for g in generators],
                                            segments, colours=colours, label="generator yield")
 
+    # Recovery from tool faults: held-out recovery per fault type, plotted and tabled.
+    points = _recovery(con, b)
+    if points:
+        types = sorted({t for rates in points.values() for t in rates})
+        rxs = sorted(points)
+        series = {"mean": [_mean_rate(points[x]) for x in rxs]}
+        series |= {t: [points[x][t][0] if t in points[x] else None for x in rxs] for t in types}
+        ctx["plots"]["recovery"] = line_chart(
+            "plot-recovery", rxs, series, ymax=1.0, baseline_x=0 if 0 in rxs else None,
+            label="held-out recovery per fault type")
+        rb = _bucket_size(last_round + 1, MAX_RECOVERY_ROWS)
+        rows_by = _recovery(con, rb)
+        ctx["recovery"] = {"types": types, "bucket": rb, "rows": [
+            {"round": x, "last": min(x + rb - 1, last_round) if rb > 1 and x > 0 else x,
+             "mean": _mean_rate(rates), "rates": rates} for x, rates in sorted(rows_by.items())]}
+
     ctx["fixes"] = _fixes(con)
     ctx["gallery"] = _gallery(con)
 
@@ -484,6 +502,32 @@ def collect(con: Any) -> dict[str, Any]:
         SELECT j.key, sum(TRY_CAST(j.value AS DOUBLE)), count(*) FROM rounds,
         json_each(rounds.timings) AS j GROUP BY ALL ORDER BY 2 DESC""")
     return ctx
+
+
+def _recovery(con: Any, bucket: int) -> dict[int, dict[str, tuple[float, float | None, int]]]:
+    """Held-out recovery per round bucket and fault type: bucket -> fault type -> (sampled rate,
+    greedy rate or None, samples), pooled over the bucket's `evals` of the tasks carrying the type
+    (`recover:T` skills; the definition of the store's `recovery_rates` view, computed here over
+    the base tables like every number of the page)."""
+    n = len(RECOVER_PREFIX)
+    rows = _rows(con, f"""
+        WITH f AS (SELECT task_id, skill[{n + 1}:] AS fault_type
+                   FROM (SELECT task_id, unnest(skills) AS skill FROM tasks)
+                   WHERE starts_with(skill, '{RECOVER_PREFIX}') AND len(skill) > {n})
+        SELECT {_bucket_sql(bucket, "e.round")} AS x, f.fault_type,
+               sum(e.successes) / NULLIF(sum(e.k), 0), avg(e.greedy_success::INT),
+               sum(e.k)::BIGINT
+        FROM evals e JOIN f USING (task_id) GROUP BY ALL ORDER BY ALL""")
+    out: dict[int, dict[str, tuple[float, float | None, int]]] = defaultdict(dict)
+    for x, fault, rate, greedy, k in rows:
+        if rate is not None:
+            out[x][fault] = (rate, greedy, k)
+    return dict(out)
+
+
+def _mean_rate(rates: dict[str, tuple[float, float | None, int]]) -> float:
+    """The mean held-out recovery rate: unweighted over the fault types present."""
+    return sum(r for r, _, _ in rates.values()) / len(rates)
 
 
 # (failure_id, task_id) of each generated task and the failure it came from: its `failure_ids`,
