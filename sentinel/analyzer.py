@@ -49,6 +49,11 @@ the same call.
    9. `wrong_answer`: everything else; the family's `locate_error`, run on the steps without the
       (recovered) errored ones, says where.
 
+A task with a revealed prefix (`Task.prefix`): the detectors read the whole episode (a fault met
+in the prefix and never retried by the policy is still unrecovered), but the first erroneous step
+is never a revealed one: an error placed on the prefix moves to the policy's first step, the first
+move it made from the state it was given (None when the prefix left it none).
+
 The analyzer never crashes on garbage (steps with None fields, odd kinds, non-dict arguments): such
 fields simply do not match the rule that looks for them. Family hooks (`solve`, `locate_error`)
 that raise on garbage are reported in the evidence instead of being trusted.
@@ -237,6 +242,14 @@ def detect_hallucinated_observation(attempt: Attempt) -> Detection | None:
                 f"{_clip(str(step.text), QUOTE_CHARS)!r}"
             )
     return None
+
+
+def _policy_step(steps: list[Step], first: int | None) -> int | None:
+    """`first`, unless it is a revealed step: then the policy's first step (None if none)."""
+    revealed = {_index(steps, p) for p, s in enumerate(steps) if s.revealed is True}
+    if first not in revealed:
+        return first
+    return next((_index(steps, p) for p, s in enumerate(steps) if s.revealed is not True), None)
 
 
 def detect_format_error(attempt: Attempt) -> Detection | None:
@@ -430,6 +443,9 @@ class FailureAnalyzer:
         mode, (first_error_step, evidence) = next(
             (mode, found) for mode, detect in DETECTORS.items() if (found := detect(attempt))
         )
+        if (moved := _policy_step(attempt.steps, first_error_step)) != first_error_step:
+            evidence = f"from revealed step {first_error_step} to the policy's {moved}: {evidence}"
+            first_error_step = moved
         fault = fault_type_of(task.skills)
         if fault is not None and mode in FAULT_EVIDENCE_MODES:
             evidence = f"fault {fault}: {evidence}"

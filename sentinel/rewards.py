@@ -22,6 +22,10 @@ ill-formed step (format < 1, process <= 1, outcome 0) scores strictly below a wr
 steps are all well-formed and sound (exactly `w_format + w_process`), which scores below the same
 trajectory with a correct answer (`w_outcome` more).
 
+`format` and `process` judge the policy's own steps: the revealed steps of a task's prefix
+(`Step.revealed`, replayed by the environment) are left out, so a slip in the revealed start state
+is never charged to the policy.
+
 Simplifications: no length penalty and no partial credit for intermediate values; both are easy
 to add as further terms but reward hacking on them is hard to rule out.
 """
@@ -114,11 +118,12 @@ def score(
     Success is the verifier's verdict alone. Nothing here catches exceptions: a verifier that
     raises is a bug to surface, not a zero reward.
     """
+    policy_steps = [s for s in trajectory.steps if not s.revealed]
     terms = {
         # The whole episode: families judged on final state (bfcl) need more than the answer.
         "outcome": 1.0 if family.verify_trajectory(task, trajectory) else 0.0,
-        "format": format_score(trajectory.steps),
-        "process": process_score(trajectory.steps),
+        "format": format_score(policy_steps),
+        "process": process_score(policy_steps),
     }
     reward = (
         config.w_outcome * terms["outcome"]

@@ -4,8 +4,10 @@ These are plain dataclasses that serialise to JSON-friendly dicts (`to_row`), wh
 form the store (`task_store`) ever sees: `task_store` imports nothing from `sentinel`, so the
 conversion lives here, next to the types.
 
-- `Task`: one problem. Its id is a hash of (family, canonical spec) so duplicates collapse.
-- `Step`: one assistant turn of a rollout and what the environment did with it.
+- `Task`: one problem. Its id is a hash of (family, canonical spec, and the revealed prefix when
+  there is one) so duplicates collapse.
+- `Step`: one tool call (or answer, or other output) of an assistant turn and what the environment
+  did with it.
 - `Trajectory`: a whole rollout, token-in/token-out: `token_ids` are exactly the ids the policy was
   conditioned on or produced, `loss_mask` is 1 only on policy-produced tokens, `logprobs` are the
   sampling log-probs (0.0 where the mask is 0).
@@ -43,10 +45,17 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def task_id_for(family: str, spec: dict[str, Any]) -> str:
-    """Content address of a task: the same family and spec always give the same id."""
-    digest = hashlib.sha256(f"{family}\x00{canonical_json(spec)}".encode()).hexdigest()
-    return f"{family}-{digest[:16]}"
+def task_id_for(family: str, spec: dict[str, Any], prefix: list[str] | None = None) -> str:
+    """Content address of a task: the same family, spec and prefix always give the same id.
+
+    A task with an empty prefix hashes exactly as before prefixes existed (family and spec only),
+    so stored ids stay stable; a non-empty prefix is part of the key, so the same spec started
+    from another revealed state is another task.
+    """
+    key = f"{family}\x00{canonical_json(spec)}"
+    if prefix:
+        key += f"\x00{canonical_json(list(prefix))}"
+    return f"{family}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
 def cluster_id_for(family: str, skills: list[str] | tuple[str, ...], mode: str) -> str:
@@ -61,6 +70,12 @@ def new_id(prefix: str) -> str:
 
 @dataclass
 class Task:
+    """One problem. `prefix` (empty for most tasks) holds assistant turn texts that the
+    environment replays right after the prompt, tools really called, before the policy continues
+    (a revealed start state, as the `restart` generator mines them from failed rollouts): those
+    turns are context, never trained on (loss mask 0), and count towards the episode's turn and
+    token limits."""
+
     family: str
     spec: dict[str, Any]
     prompt: list[dict[str, str]]
@@ -74,16 +89,19 @@ class Task:
     generator: str | None = None
     target_cluster_id: str | None = None
     probe_pass_rate: float | None = None
+    prefix: list[str] = field(default_factory=list)
     task_id: str = ""
 
     def __post_init__(self) -> None:
         if not self.task_id:
-            self.task_id = task_id_for(self.family, self.spec)
+            self.task_id = task_id_for(self.family, self.spec, self.prefix)
 
     def to_row(self) -> dict[str, Any]:
+        """The store's row: JSON text for `spec`, `prompt` and `prefix` (None when empty)."""
         row = asdict(self)
         row["spec"] = canonical_json(self.spec)
         row["prompt"] = json.dumps(self.prompt, ensure_ascii=False)
+        row["prefix"] = json.dumps(self.prefix, ensure_ascii=False) if self.prefix else None
         return row
 
     @classmethod
@@ -94,6 +112,8 @@ class Task:
             data["prompt"] = json.loads(data["prompt"])
         data["skills"] = list(data.get("skills") or [])
         data["failure_ids"] = list(data.get("failure_ids") or [])
+        prefix = data.get("prefix")
+        data["prefix"] = list(json.loads(prefix) if isinstance(prefix, str) else prefix or [])
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -104,12 +124,16 @@ ErrorKind = Literal["parse", "unknown_tool", "bad_arguments", "tool_error", "tim
 
 @dataclass
 class Step:
-    """One assistant turn. `kind` says what the parser found in `text`.
+    """One call (or answer, or other output) of an assistant turn. `kind` says what the parser
+    found in `text`, the whole turn's text; a turn with several calls gives several steps, all
+    with the same `turn` (the 0-based assistant turn of the episode).
 
     `error`/`error_kind` are set when the turn could not be executed as intended: the call did not
     parse (`parse`), named no known tool (`unknown_tool`), had invalid arguments (`bad_arguments`),
     or the tool itself failed (`tool_error`, `timeout`, e.g. an injected fault). `hallucinated` is
-    True when the policy wrote an observation (`<tool_response>`) itself.
+    True when the policy wrote an observation (`<tool_response>`) itself. `revealed` is True for
+    the steps of a task's prefix (`Task.prefix`): replayed by the environment, not the policy's
+    doing, so the reward never charges them and the analyzer never blames them.
     """
 
     index: int
@@ -122,6 +146,8 @@ class Step:
     error_kind: ErrorKind | None = None
     hallucinated: bool = False
     answer: str | None = None
+    turn: int = 0
+    revealed: bool = False
 
     def to_row(self, traj_id: str) -> dict[str, Any]:
         row = asdict(self)
@@ -207,7 +233,8 @@ class Candidate:
     """A task proposed by a generator, before validation.
 
     `answer` is the generator's claim; when given, the validation pipeline checks it against the
-    family's reference solution and rejects the candidate when they differ.
+    family's reference solution and rejects the candidate when they differ. `prefix` is the
+    task's revealed start state (`Task.prefix`); the pipeline replays it before accepting it.
     """
 
     family: str
@@ -215,6 +242,7 @@ class Candidate:
     answer: str | None = None
     parent_task_id: str | None = None
     failure_ids: list[str] = field(default_factory=list)
+    prefix: list[str] = field(default_factory=list)
 
 
 @dataclass

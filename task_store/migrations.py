@@ -77,6 +77,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     # Views only: the `recovery_rates` view, and `failure_patterns` gains `fault_type`,
     # `recovery_rate`, `train_recovery_rate` (appended; re-created below).
     3: (),
+    # Tasks that start from a revealed prefix. Steps stored before were all the policy's own;
+    # their turn was not recorded (NULL).
+    4: (
+        "ALTER TABLE tasks ADD COLUMN prefix JSON",
+        "ALTER TABLE steps ADD COLUMN turn INTEGER",
+        "ALTER TABLE steps ADD COLUMN revealed BOOLEAN",
+        "UPDATE steps SET revealed = false",
+    ),
 }
 
 

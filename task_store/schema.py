@@ -14,7 +14,7 @@ upgrade) so the plain `duckdb` CLI sees them too.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "meta": (("key", "VARCHAR"), ("value", "VARCHAR")),
@@ -54,6 +54,7 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("generator", "VARCHAR"),
         ("target_cluster_id", "VARCHAR"),  # v2: failure cluster a generated task aims at
         ("probe_pass_rate", "DOUBLE"),  # v2: policy pass rate measured by the difficulty probe
+        ("prefix", "JSON"),  # v5: revealed start state, assistant turn texts (NULL: none)
     ),
     "trajectories": (
         ("traj_id", "VARCHAR"),
@@ -87,6 +88,8 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("error_kind", "VARCHAR"),
         ("hallucinated", "BOOLEAN"),
         ("answer", "VARCHAR"),
+        ("turn", "INTEGER"),  # v5: the assistant turn (0-based) of the step; NULL before v5
+        ("revealed", "BOOLEAN"),  # v5: replayed from the task's prefix, not the policy's
     ),
     "failures": (
         ("failure_id", "VARCHAR"),

@@ -36,6 +36,7 @@ def task_row(n: int, origin: str = "seed", created_round: int = 0) -> dict[str, 
         "generator": None,
         "target_cluster_id": None,
         "probe_pass_rate": None,
+        "prefix": None,
         "task_id": f"arith-{n:016d}",
     }
 

@@ -17,6 +17,15 @@ closes the current user turn; while follow-ups remain, the next one is appended 
 the chat template) and the episode goes on. Only the last user turn's closing step ends it, so the
 closing steps (`answer`/`text`) split `steps` into user turns. `turn_budget`, `max_turns` and
 `max_tokens` count over the whole episode.
+
+A revealed start state (`Task.prefix`, assistant turn texts): right after the prompt the episode
+replays those turns as `replay` runs scripted turns (each turn's ids from `chat.assistant_ids`,
+the tools really called, without the random `env.faults`, so every sample of a group starts from
+the same state), with loss mask 0 and log-prob 0.0 on their tokens and `Step.revealed` set on
+their steps. They count towards `max_turns` and `max_tokens` like any turn; `prompt_len` stays the
+prompt's length, and the policy's first token comes after the prefix. A prefix that ends the
+episode (an answer, a turn that is neither call nor answer, or a limit) leaves nothing for the
+policy: `prefix_problem` says so, and validation rejects such a task.
 """
 
 from __future__ import annotations
@@ -72,6 +81,15 @@ class Episode:
         self.done = False
         self.finish_reason = "max_turns"
         self.answer: str | None = None
+        self.prefix_problem: str | None = None
+        for i, text in enumerate(task.prefix):
+            ids = chat.assistant_ids(text)
+            self._add_turn(ids, [0.0] * len(ids), revealed=True)
+            if self.done:
+                self.prefix_problem = (
+                    f"replaying prefix turn {i + 1} of {len(task.prefix)} ended the episode "
+                    f"({self.finish_reason}); nothing is left for the policy")
+                break
 
     def turn_budget(self) -> int:
         """How many tokens the next turn may have (0 when the episode is over)."""
@@ -83,7 +101,7 @@ class Episode:
     def _finish(self, reason: str) -> None:
         self.done, self.finish_reason = True, reason
 
-    def _run_call(self, call: ParsedCall) -> Step:
+    def _run_call(self, call: ParsedCall, revealed: bool) -> Step:
         step = Step(index=len(self.steps), text="", kind="tool_call", tool=call.name,
                     arguments=call.arguments)
         if call.error is not None:
@@ -95,7 +113,8 @@ class Episode:
                 "unknown_tool"
         else:
             faults = self.config.faults
-            injected = (faults.rate > 0 and (faults.tools is None or call.name in faults.tools)
+            injected = (not revealed and faults.rate > 0
+                        and (faults.tools is None or call.name in faults.tools)
                         and self.rng.random() < faults.rate)
             try:
                 if injected:
@@ -119,19 +138,24 @@ class Episode:
 
     def add_policy_turn(self, ids: list[int], logprobs: list[float]) -> None:
         """Append a sampled turn (its ids and sampling log-probs), then act on it."""
+        self._add_turn(ids, logprobs, revealed=False)
+
+    def _add_turn(self, ids: list[int], logprobs: list[float], *, revealed: bool) -> None:
+        """Append an assistant turn and act on it; a `revealed` (prefix) turn is not trained on
+        (mask 0, log-probs 0.0) and meets no random fault."""
         if self.done:
             raise RuntimeError("episode is already finished")
         ended_with_eos = bool(ids) and ids[-1] == self.chat.eos_token_id
         self.token_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.logprobs += list(logprobs)
+        self.loss_mask += [0 if revealed else 1] * len(ids)
+        self.logprobs += [0.0] * len(ids) if revealed else list(logprobs)
         text = self.chat.decode(ids[:-1] if ended_with_eos else ids)
         self.messages.append({"role": "assistant", "content": text})
         self.turns += 1
         turn = self.parser.parse(text)
 
         if turn.calls:
-            new_steps = [self._run_call(c) for c in turn.calls]
+            new_steps = [self._run_call(c, revealed) for c in turn.calls]
         elif turn.answer is not None and turn.format_error is None:
             new_steps = [Step(index=len(self.steps), text=text, kind="answer", answer=turn.answer)]
         elif turn.format_error is not None:
@@ -142,6 +166,7 @@ class Episode:
             new_steps = [Step(index=len(self.steps), text=text, kind="text")]
         for i, step in enumerate(new_steps):
             step.index, step.text, step.hallucinated = len(self.steps) + i, text, turn.hallucinated
+            step.turn, step.revealed = self.turns - 1, revealed
         self.steps += new_steps
 
         closes_turn = new_steps[0].kind == "answer" or (
@@ -210,9 +235,12 @@ def replay(task: Task, turns: list[str], tools: dict[str, Tool], chat: ChatForma
            follow_ups: list[list[dict[str, str]]] | None = None) -> Trajectory:
     """Run scripted assistant turns (a reference solution) through the environment, with no
     injected faults, producing the token trajectory a policy would have produced; used for SFT.
-    `follow_ups` are the task's later user turns (`TaskFamily.follow_up_turns`)."""
-    clean = config.model_copy(update={"faults": FaultConfig(), "max_tokens": 1 << 30,
-                                      "max_turns": max(config.max_turns, len(turns))})
+    `follow_ups` are the task's later user turns (`TaskFamily.follow_up_turns`). A task's prefix
+    is replayed first (mask 0, see the module docstring), then `turns` (mask 1); neither limit
+    cuts them. `tools` are left in the state the episode reached."""
+    clean = config.model_copy(update={
+        "faults": FaultConfig(), "max_tokens": 1 << 30,
+        "max_turns": max(config.max_turns, len(task.prefix) + len(turns))})
     episode = Episode(task, tools, chat, parser, clean, random.Random(0), follow_ups)
     for text in turns:
         if episode.done:
