@@ -37,6 +37,14 @@ trl's own `GRPOTrainer._compute_loss`):
   Log-probs and gradients equal the unshared pass's (tested to 1e-5); the prompt's forward and
   backward cost once per group instead of G times.
 
+- Recipe options against the early overshoot of a small policy (all off by default; see
+  `docs/grpo.md`): `optimizer: radam` (rectified Adam); `adam_v_warm_start` (AdamW's second
+  moment set, before the first step, from the batch's per-group gradients); `kl_guard` (a step
+  whose batch KL exceeds the threshold is undone, or retaken once at half the learning rate);
+  `cov_penalty: clip_cov | kl_cov` (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
+  Learning for Reasoning Language Models", as verl's `compute_policy_loss_clip_cov` /
+  `compute_policy_loss_kl_cov` in `verl/trainer/ppo/core_algos.py`).
+
 Micro-batches are cut from the batch sorted by length, so rows of similar length are padded
 together. Left out: entropy bonus, sequence packing for the update, gradient checkpointing,
 and any generation or reward logic (that belongs to the rollout side).
@@ -47,12 +55,13 @@ normaliser, as in trl.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -65,7 +74,12 @@ from trainers.common import (
     shared_prefix_logprobs,
     token_logprobs,
 )
-from trainers.config import GRPOConfig, LossAgg, ScaleRewards  # re-exported: the config lives there
+from trainers.config import (  # re-exported: the config lives there
+    GRPOConfig,
+    GRPOUpdateConfig,
+    LossAgg,
+    ScaleRewards,
+)
 
 __all__ = [
     "GRPOConfig",
@@ -73,11 +87,19 @@ __all__ = [
     "LossAgg",
     "ScaleRewards",
     "aggregate_loss",
+    "covariance_selection",
     "group_advantages",
     "grpo_token_loss",
 ]
 
 TRUNCATED = frozenset({"max_tokens", "max_turns"})
+
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW,
+    # Decoupled decay is AdamW's (p <- p * (1 - lr * weight_decay)), so `weight_decay` means the
+    # same for both.
+    "radam": functools.partial(torch.optim.RAdam, decoupled_weight_decay=True),
+}
 
 
 def _std(xs: Sequence[float]) -> float:
@@ -133,16 +155,23 @@ def grpo_token_loss(
     mask: torch.Tensor,
     cfg: GRPOConfig,
     ref_logp: torch.Tensor | None = None,
+    cov_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token GRPO loss `[B, T]`, exactly 0 (value and gradient) where `mask` is 0.
 
-    `new_logp`, `old_logp`, `mask` (and `ref_logp`) are `[B, T]`; `adv` is `[B]` (one advantage
-    per sequence) or `[B, T]`. The loss is the negated clipped surrogate
+    `new_logp`, `old_logp`, `mask` (and `ref_logp`, `cov_mask`) are `[B, T]`; `adv` is `[B]`
+    (one advantage per sequence) or `[B, T]`. The loss is the negated clipped surrogate
     `-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)` with `r = exp(new - old)`, plus
     `cfg.beta * k3(ref, new)` when `cfg.beta > 0` (then `ref_logp` is required); with
     `cfg.kl_ratio_correction` the k3 term is multiplied by the (unclipped, differentiable) ratio
     `r`, trl's `use_bias_correction_kl`, which makes its gradient the unbiased reverse-KL gradient
     off-policy.
+
+    `cov_mask` (bool, the tokens `covariance_selection` chose) acts by `cfg.cov_penalty`, as
+    verl's `compute_policy_loss_clip_cov` / `compute_policy_loss_kl_cov`: "clip_cov" zeroes the
+    surrogate of the chosen tokens (value and gradient; the k3 term stays); "kl_cov" uses the
+    unclipped surrogate `-r * A` on every token (KL-Cov replaces the ratio clip, in the paper and
+    in verl) and adds `cfg.kl_cov_coef * |new - old|` on the chosen ones.
     """
     keep = mask.bool()
     if adv.dim() == 1:
@@ -151,8 +180,15 @@ def grpo_token_loss(
     # exact 0 instead of 0 * something that might be inf.
     log_ratio = torch.where(keep, new_logp - old_logp, 0.0)
     ratio = torch.exp(log_ratio)
-    clipped = torch.clamp(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
-    loss = -torch.min(ratio * adv, clipped * adv)
+    if cfg.cov_penalty == "kl_cov":
+        loss = -ratio * adv
+        if cov_mask is not None:
+            loss = loss + torch.where(cov_mask, cfg.kl_cov_coef * log_ratio.abs(), 0.0)
+    else:
+        clipped = torch.clamp(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
+        loss = -torch.min(ratio * adv, clipped * adv)
+        if cfg.cov_penalty == "clip_cov" and cov_mask is not None:
+            loss = torch.where(cov_mask, 0.0, loss)
     if cfg.beta > 0:
         if ref_logp is None:
             raise ValueError("cfg.beta > 0 needs ref_logp (log-probs under the reference model)")
@@ -160,6 +196,51 @@ def grpo_token_loss(
         k3 = torch.exp(diff) - diff - 1.0
         loss = loss + cfg.beta * (k3 * ratio if cfg.kl_ratio_correction else k3)
     return torch.where(keep, loss, 0.0)
+
+
+def covariance_selection(
+    logp: torch.Tensor, adv: torch.Tensor, cfg: GRPOUpdateConfig
+) -> torch.Tensor:
+    """The tokens Clip-Cov / KL-Cov act on, as a bool tensor shaped like `logp`.
+
+    `logp` and `adv` are 1-D with one entry per trained token of the whole batch: its log-prob
+    and its trajectory's advantage. The centred cross-product `cov_i = (logp_i - mean(logp)) *
+    (adv_i - mean(adv))` (means over these tokens) is each token's term of the covariance that,
+    by Cui et al. (2025), drives the policy's entropy down. With `n` tokens:
+
+    - "clip_cov": `max(1, int(clip_cov_ratio * n))` tokens drawn at random (torch's global
+      generator, so a checkpoint resumes it) among those with `clip_cov_lb < cov < clip_cov_ub`;
+      fewer when fewer qualify.
+    - "kl_cov": the `max(1, int(kl_cov_ratio * n))` tokens of largest `cov`.
+    - "none": no token.
+
+    Follows verl's `compute_policy_loss_clip_cov` / `compute_policy_loss_kl_cov`
+    (`verl/trainer/ppo/core_algos.py`), with one difference the trainer makes: it passes the
+    sampling log-probs stored at rollout time, not the current ones, so the choice is made once
+    per pass over the whole batch before any forward, and does not depend on the micro-batch
+    split. They are the current log-probs on the first pass (up to sampler/trainer mismatch).
+    verl also leaves out of Clip-Cov's draw the tokens the ratio clip already holds; on a first
+    pass there are none, later a drawn token may be one (its gradient is zero either way).
+
+    >>> cfg = GRPOUpdateConfig(cov_penalty="kl_cov", kl_cov_ratio=0.5)
+    >>> covariance_selection(torch.tensor([-1.0, -2.0, -3.0, -0.5]),
+    ...                      torch.tensor([1.0, 1.0, -1.0, -1.0]), cfg).tolist()
+    [True, False, True, False]
+    """
+    chosen = torch.zeros(logp.shape, dtype=torch.bool)
+    n = logp.numel()
+    if n == 0 or cfg.cov_penalty == "none":
+        return chosen
+    cov = (adv - adv.mean()) * (logp - logp.mean())
+    if cfg.cov_penalty == "clip_cov":
+        band = torch.nonzero((cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)).flatten()
+        if len(band):
+            k = max(1, int(cfg.clip_cov_ratio * n))
+            chosen[band[torch.randperm(len(band))[:k]]] = True
+    else:
+        k = max(1, int(cfg.kl_cov_ratio * n))
+        chosen[torch.topk(cov, k).indices] = True
+    return chosen
 
 
 def aggregate_loss(
@@ -188,6 +269,20 @@ def aggregate_loss(
     raise ValueError(f"unknown loss_agg {loss_agg!r}")
 
 
+class _Chunk(NamedTuple):
+    """One micro-batch in `pad_batch`'s layout, on the model's device."""
+
+    idx: list[int]  # the trajectories' positions in the batch
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mask: torch.Tensor  # trained tokens (bool)
+    old: torch.Tensor  # sampling log-probs
+    adv: torch.Tensor  # one advantage per row
+    seqs: list[list[int]]
+    lead: list[int] | None  # untrained prefix lengths, for the shared-prefix pass
+    cov: torch.Tensor | None  # tokens chosen by `covariance_selection` (bool)
+
+
 class GRPOTrainer:
     """Applies GRPO updates to `model` in place; see the module docstring for the maths."""
 
@@ -214,7 +309,7 @@ class GRPOTrainer:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
         # Created once so the Adam moments and the schedule carry over from round to round.
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = OPTIMIZERS[config.optimizer](
             self.params, lr=config.lr, weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
         )
@@ -241,7 +336,9 @@ class GRPOTrainer:
         """Optimizer and schedule state, and the reference model's weights (None without one).
 
         The policy's own weights are not included: they belong to the model (see
-        `trainers.checkpoint.save_checkpoint`, which stores both).
+        `trainers.checkpoint.save_checkpoint`, which stores both). A warm-started second moment
+        (`adam_v_warm_start`) is ordinary optimizer state, and it is the state that says the
+        warm start happened, so a resumed run does not warm again.
         """
         return {
             "optimizer": self.optimizer.state_dict(),
@@ -305,6 +402,25 @@ class GRPOTrainer:
             for s in range(a, b, cfg.micro_batch_size)
         ]
 
+    def select_cov_tokens(
+        self, trajectories: list[Trajectory], advantages: Sequence[float]
+    ) -> list[torch.Tensor]:
+        """`covariance_selection` over the whole batch's trained tokens (with their stored
+        sampling log-probs): one bool tensor per trajectory, aligned with its `token_ids`."""
+        masks = [torch.tensor(m, dtype=torch.bool) for m in self.loss_masks(trajectories)]
+        logp = torch.cat([torch.tensor(t.logprobs, dtype=torch.float32)[m]
+                          for t, m in zip(trajectories, masks, strict=True)])
+        adv = torch.cat([torch.full((int(m.sum()),), float(a))
+                         for a, m in zip(advantages, masks, strict=True)])
+        chosen = iter(covariance_selection(logp, adv, self.config).split(
+            [int(m.sum()) for m in masks]))
+        out = []
+        for m in masks:
+            row = torch.zeros_like(m)
+            row[m] = next(chosen)
+            out.append(row)
+        return out
+
     def _logprobs(self, model: torch.nn.Module, seqs: list[list[int]], lead: list[int] | None,
                   input_ids: torch.Tensor, attention_mask: torch.Tensor, *, entropy: bool) -> Any:
         """Log-probs (and entropies) of a micro-batch in `pad_batch`'s layout: with `lead` (the
@@ -317,95 +433,249 @@ class GRPOTrainer:
         return token_logprobs(model, input_ids, attention_mask, self.config.temperature,
                               with_entropy=entropy, autocast_dtype=amp)
 
+    def _parts(self, trajectories: list[Trajectory]) -> list[list[int]]:
+        """The micro-batches of a pass, as lists of trajectory positions. Rows are sorted by
+        length before the split, so each micro-batch pads to a similar length (multi-turn lengths
+        vary several-fold); the whole-batch normalisers make the gradient independent of it."""
+        by_length = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
+        return [[by_length[k] for k in part] for part in self.micro_batches(len(trajectories))]
+
+    def _chunks(self, trajectories: list[Trajectory], advantages: Sequence[float],
+                masks: list[list[int]], parts: list[list[int]],
+                selection: list[torch.Tensor] | None) -> Iterator[_Chunk]:
+        """The micro-batches `parts`, padded and moved to the model's device."""
+        cfg = self.config
+        device = model_device(self.model)
+        for idx in parts:
+            chunk = [trajectories[i] for i in idx]
+            seqs = [t.token_ids for t in chunk]
+            batch = pad_batch(seqs, self.pad_token_id, masks=[masks[i] for i in idx],
+                              logprobs=[t.logprobs for t in chunk])
+            attention_mask = batch["attention_mask"].to(device)
+            cov = None
+            if selection is not None:
+                cov = torch.zeros(attention_mask.shape, dtype=torch.bool)
+                for row, i in enumerate(idx):
+                    cov[row, : len(selection[i])] = selection[i]
+                cov = cov.to(device)
+            yield _Chunk(
+                idx=idx,
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=attention_mask,
+                mask=batch["loss_mask"].to(device).bool() & attention_mask.bool(),
+                old=batch["old_logprobs"].to(device),
+                adv=torch.tensor([float(advantages[i]) for i in idx], dtype=torch.float32,
+                                 device=device),
+                seqs=seqs,
+                lead=(prefix_lengths(seqs, [masks[i] for i in idx])
+                      if cfg.share_prefix and min(len(s) for s in seqs) >= 2 else None),
+                cov=cov,
+            )
+
     def accumulate_gradients(
         self,
         trajectories: list[Trajectory],
         advantages: Sequence[float],
         ref_cache: dict[int, torch.Tensor] | None = None,
+        selection: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """One pass: zero the grads, then backprop the full-batch loss micro-batch by micro-batch.
 
         Leaves the summed gradients in `param.grad` (no clipping, no optimizer step) and returns
-        this pass's `loss`, `clip_ratio`, `entropy`, `kl` and `n_tokens` (trained tokens).
+        this pass's `loss`, `clip_ratio`, `entropy`, `kl` and `n_tokens` (trained tokens), and
+        with a `cov_penalty` `cov/share` (the share of trained tokens it acted on).
         Does not change the model's train/eval mode. `ref_cache` (with `beta > 0`): the frozen
         reference model's log-probs per micro-batch, filled on the first pass over a batch and
         read on the later ones (`step` passes one dict to its `num_iterations` passes, as trl
         computes them once per generation batch); the reference never changes, so reusing them
-        is exact.
+        is exact. `selection`: the covariance rule's tokens (`self.select_cov_tokens`); drawn
+        here when a `cov_penalty` is set and it is None.
         """
-        cfg = self.config
+        return self._accumulate(trajectories, advantages, ref_cache, selection)[0]
+
+    def _accumulate(
+        self,
+        trajectories: list[Trajectory],
+        advantages: Sequence[float],
+        ref_cache: dict[int, torch.Tensor] | None,
+        selection: list[torch.Tensor] | None,
+    ) -> tuple[dict[str, float], list[torch.Tensor]]:
+        """`accumulate_gradients`, plus the pass's log-probs per micro-batch (detached)."""
         self._check(trajectories, advantages)
-        device = model_device(self.model)
+        if selection is None and self.config.cov_penalty != "none":
+            selection = self.select_cov_tokens(trajectories, advantages)
         masks = self.loss_masks(trajectories)
         n_tokens = sum(sum(m) for m in masks)
-        n_seqs = len(trajectories)
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = 0.0
-        clipped = 0.0
-        entropy = 0.0
-        kl = 0.0
-        # Rows sorted by length before the split, so each micro-batch pads to a similar length
-        # (multi-turn lengths vary several-fold); the whole-batch normalisers make the gradient
-        # independent of the order.
-        by_length = sorted(range(n_seqs), key=lambda i: len(trajectories[i].token_ids))
-        for part in self.micro_batches(n_seqs):
-            idx = [by_length[k] for k in part]
-            chunk = [trajectories[i] for i in idx]
-            batch = pad_batch(
-                [t.token_ids for t in chunk],
-                self.pad_token_id,
-                masks=[masks[i] for i in idx],
-                logprobs=[t.logprobs for t in chunk],
-            )
-            input_ids = batch["input_ids"].to(device)
-            attention_mask = batch["attention_mask"].to(device)
-            mask = batch["loss_mask"].to(device).bool() & attention_mask.bool()
-            old = batch["old_logprobs"].to(device)
-            adv = torch.tensor(
-                [float(advantages[i]) for i in idx], dtype=torch.float32, device=device
-            )
-            seqs = [t.token_ids for t in chunk]
-            lead = (prefix_lengths(seqs, [masks[i] for i in idx])
-                    if cfg.share_prefix and min(len(s) for s in seqs) >= 2 else None)
-            new, ent = self._logprobs(self.model, seqs, lead, input_ids, attention_mask,
+        sums, logps = self._backward(trajectories, advantages, masks, self._parts(trajectories),
+                                     n_tokens, selection, ref_cache)
+        denom = max(n_tokens, 1)
+        stats = {
+            "loss": sums["loss"],
+            "clip_ratio": sums["clipped"] / denom,
+            "entropy": sums["entropy"] / denom,
+            "kl": sums["kl"] / denom,
+            "n_tokens": float(n_tokens),
+        }
+        if selection is not None:
+            stats["cov/share"] = sums["cov"] / denom
+        return stats, logps
+
+    def _backward(
+        self,
+        trajectories: list[Trajectory],
+        advantages: Sequence[float],
+        masks: list[list[int]],
+        parts: list[list[int]],
+        n_tokens: int,
+        selection: list[torch.Tensor] | None,
+        ref_cache: dict[int, torch.Tensor] | None,
+    ) -> tuple[dict[str, float], list[torch.Tensor]]:
+        """Backprop each micro-batch of `parts` with the whole batch's normalisers (`n_tokens`
+        trained tokens, `len(trajectories)` sequences), adding into `param.grad`. Returns the
+        sums of loss, clipped and chosen token counts, entropy and k3 to the reference, and each
+        micro-batch's log-probs (detached)."""
+        cfg = self.config
+        sums = dict.fromkeys(("loss", "clipped", "entropy", "kl", "cov"), 0.0)
+        logps = []
+        for key, c in enumerate(self._chunks(trajectories, advantages, masks, parts, selection)):
+            new, ent = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
                                       entropy=True)
             ref = None
             if self.ref_model is not None:
-                key = part[0]
                 if ref_cache is not None and key in ref_cache:
                     ref = ref_cache[key]
                 else:
                     with torch.no_grad():
-                        ref = self._logprobs(self.ref_model, seqs, lead, input_ids,
-                                             attention_mask, entropy=False)
+                        ref = self._logprobs(self.ref_model, c.seqs, c.lead, c.input_ids,
+                                             c.attention_mask, entropy=False)
                     if ref_cache is not None:
                         ref_cache[key] = ref
-            per_token = grpo_token_loss(new, old, adv, mask, cfg, ref)
-            loss = aggregate_loss(
-                per_token, mask, cfg.loss_agg, n_tokens, n_seqs, cfg.max_completion_tokens
-            )
+            per_token = grpo_token_loss(new, c.old, c.adv, c.mask, cfg, ref, c.cov)
+            loss = aggregate_loss(per_token, c.mask, cfg.loss_agg, n_tokens, len(trajectories),
+                                  cfg.max_completion_tokens)
             loss.backward()
             with torch.no_grad():
-                loss_sum += float(loss.item())
-                ratio = torch.exp(torch.where(mask, new - old, 0.0))
-                a = adv.unsqueeze(1)
-                # The clipped branch is the one min() picks only in these two cases (as trl).
-                hit = ((ratio < 1 - cfg.epsilon_low) & (a < 0)) | (
-                    (ratio > 1 + cfg.epsilon_high) & (a > 0)
-                )
-                clipped += float((hit & mask).sum().item())
-                entropy += float(ent[mask].sum().item())
+                logps.append(new.detach())
+                sums["loss"] += float(loss.item())
+                if cfg.cov_penalty != "kl_cov":  # KL-Cov has no ratio clip
+                    ratio = torch.exp(torch.where(c.mask, new - c.old, 0.0))
+                    a = c.adv.unsqueeze(1)
+                    # The clipped branch is the one min() picks only in these two cases (as trl).
+                    hit = ((ratio < 1 - cfg.epsilon_low) & (a < 0)) | (
+                        (ratio > 1 + cfg.epsilon_high) & (a > 0)
+                    )
+                    sums["clipped"] += float((hit & c.mask).sum().item())
+                sums["entropy"] += float(ent[c.mask].sum().item())
                 if ref is not None:
-                    diff = (ref - new)[mask]
-                    kl += float((torch.exp(diff) - diff - 1.0).sum().item())
-        denom = max(n_tokens, 1)
-        return {
-            "loss": loss_sum,
-            "clip_ratio": clipped / denom,
-            "entropy": entropy / denom,
-            "kl": kl / denom,
-            "n_tokens": float(n_tokens),
-        }
+                    diff = (ref - new)[c.mask]
+                    sums["kl"] += float((torch.exp(diff) - diff - 1.0).sum().item())
+                if c.cov is not None:
+                    sums["cov"] += float((c.cov & c.mask).sum().item())
+        return sums, logps
+
+    def group_second_moment(
+        self,
+        trajectories: list[Trajectory],
+        advantages: Sequence[float],
+        selection: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
+        """The warm start of Adam's second moment (`adam_v_warm_start`), one tensor per parameter.
+
+        With the batch's `n` groups (by `group_id`) and `g_j` group j's share of the full-batch
+        gradient (its trajectories' loss with the whole batch's normalisers, so the batch
+        gradient is `g = sum_j g_j`), `n * g_j` is an estimate of `g` from one group, and this
+        returns `V = mean_j (n * g_j)^2 = n * sum_j g_j^2`, elementwise, unclipped. `V >= g^2`
+        (a mean of squares is at least the square of the mean), equal where the groups agree.
+        Costs one more forward and backward of the batch, group by group; leaves no gradient.
+        """
+        cfg = self.config
+        self._check(trajectories, advantages)
+        masks = self.loss_masks(trajectories)
+        n_tokens = sum(sum(m) for m in masks)
+        groups: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(trajectories):
+            groups[t.group_id].append(i)
+        second = [torch.zeros_like(p) for p in self.params]
+        for members in groups.values():
+            members.sort(key=lambda i: len(trajectories[i].token_ids))
+            parts = [members[s:s + cfg.micro_batch_size]
+                     for s in range(0, len(members), cfg.micro_batch_size)]
+            self.optimizer.zero_grad(set_to_none=True)
+            self._backward(trajectories, advantages, masks, parts, n_tokens, selection, None)
+            for acc, p in zip(second, self.params, strict=True):
+                if p.grad is not None:
+                    acc.addcmul_(p.grad, p.grad)
+        self.optimizer.zero_grad(set_to_none=True)
+        return [acc.mul_(len(groups)) for acc in second]
+
+    def _warm_second_moment(self, second: list[torch.Tensor], grad_norm: torch.Tensor) -> None:
+        """Write AdamW's state before its first step so that the step is `lr * g / (sqrt(V) +
+        eps)` (plus weight decay) with `g` the clipped gradient now in `param.grad` and `V` the
+        `group_second_moment`, clipped alike.
+
+        AdamW's first step computes `v = beta2 * v0 + (1 - beta2) * g^2` and divides by the bias
+        correction `1 - beta2`; with `v0 = (1 - beta2) / beta2 * (V - g^2)` that gives exactly
+        `V`. The step count stays 0 and the first moment 0, so both bias corrections go on as
+        for an ordinary first step: `V` counts as the first step's observation of `g^2` and later
+        gradients enter with Adam's usual weights.
+        """
+        b2 = self.config.adam_beta2
+        # clip_grad_norm_'s factor, which the gradients in param.grad were just multiplied by.
+        coef = torch.clamp(self.config.max_grad_norm / (grad_norm + 1e-6), max=1.0)
+        for p, v in zip(self.params, second, strict=True):
+            if p.grad is None:
+                continue
+            excess = (v * coef**2 - p.grad.square()).clamp_(min=0.0)
+            self.optimizer.state[p] = {
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                "exp_avg_sq": excess.mul_((1.0 - b2) / b2),
+            }
+
+    def _step_kl(self, trajectories: list[Trajectory], advantages: Sequence[float],
+                 before: list[torch.Tensor]) -> float:
+        """Mean k3 estimate of KL(before || now) over the batch's trained tokens: `before` holds
+        each micro-batch's log-probs from before the step, `exp(d) - d - 1` with `d = now -
+        before` per token (the tokens were sampled from the policy before the step)."""
+        masks = self.loss_masks(trajectories)
+        total = 0.0
+        with torch.no_grad():
+            chunks = self._chunks(trajectories, advantages, masks, self._parts(trajectories), None)
+            for c, prev in zip(chunks, before, strict=True):
+                now = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
+                                     entropy=False)
+                d = (now - prev)[c.mask]
+                total += float((torch.exp(d) - d - 1.0).sum().item())
+        return total / max(sum(sum(m) for m in masks), 1)
+
+    def _guarded_step(self, take: Callable[[float], None], kl_of_step: Callable[[], float],
+                      threshold: float) -> tuple[float, str]:
+        """`take(lr_scale)` makes the optimizer step; `kl_of_step()` measures it. Returns the
+        first attempt's KL and what was kept: "taken", "halved" or "undone". Undoing restores the
+        parameters and the optimizer state (moments and step counts) bit for bit."""
+        params = [p.detach().clone() for p in self.params]
+        state = copy.deepcopy(self.optimizer.state_dict())
+
+        def restore() -> None:
+            with torch.no_grad():
+                for p, saved in zip(self.params, params, strict=True):
+                    p.copy_(saved)
+            # A copy each time: load_state_dict keeps the tensors it is given, and the retaken
+            # step updates them in place.
+            self.optimizer.load_state_dict(copy.deepcopy(state))
+
+        take(1.0)
+        kl = kl_of_step()
+        if kl <= threshold:
+            return kl, "taken"
+        restore()
+        if self.config.kl_guard_action == "halve":
+            take(0.5)
+            if kl_of_step() <= threshold:
+                return kl, "halved"
+            restore()
+        return kl, "undone"
 
     def update(self, trajectories: list[Trajectory]) -> dict[str, float]:
         """The loop's entry point (`trainers.base.PolicyTrainer`): group-normalised advantages
@@ -430,6 +700,13 @@ class GRPOTrainer:
         `mask_truncated_completions`) and `seconds`. A batch without any trained token changes
         nothing, the schedule included. The model is in train mode during the update and is put
         back in the mode it was in (eval, for rollouts).
+
+        Options: with `adam_v_warm_start`, the first optimizer step of the optimizer's life (its
+        state empty) is warm-started (`group_second_moment`). With `kl_guard`, each optimizer
+        step is followed by a no-grad forward of the batch; `guard/kl` (mean over passes of the
+        first attempt's KL), `guard/undone` and `guard/halved` (steps undone or kept at half the
+        learning rate) are added. An undone step still advances the LR schedule, which counts
+        passes. With a `cov_penalty`, `cov/share` (mean over passes) is added.
         """
         cfg = self.config
         self._check(trajectories, advantages)
@@ -447,20 +724,51 @@ class GRPOTrainer:
             "n_masked_truncated": float(dropped),
         }
         totals = {"loss": 0.0, "clip_ratio": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        if cfg.cov_penalty != "none":
+            totals["cov/share"] = 0.0
+        guard = {"guard/kl": 0.0, "guard/undone": 0.0, "guard/halved": 0.0}
         if n_tokens == 0:
             out = {k: v for k, v in totals.items() if k != "kl" or cfg.beta > 0}
+            if cfg.kl_guard is not None:
+                out.update(guard)
             return {**out, **info, "seconds": time.perf_counter() - t0}
         was_training = self.model.training
         self.model.train()
         ref_cache: dict[int, torch.Tensor] = {}
         try:
             for _ in range(cfg.num_iterations):
-                stats = self.accumulate_gradients(trajectories, advantages, ref_cache)
+                selection = (self.select_cov_tokens(trajectories, advantages)
+                             if cfg.cov_penalty != "none" else None)
+                second = None
+                if cfg.adam_v_warm_start and not any(self.optimizer.state.values()):
+                    second = self.group_second_moment(trajectories, advantages, selection)
+                stats, before = self._accumulate(trajectories, advantages, ref_cache, selection)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                self.optimizer.step()
+
+                def take(lr_scale: float, second: list[torch.Tensor] | None = second,
+                         grad_norm: torch.Tensor = grad_norm) -> None:
+                    if second is not None:
+                        self._warm_second_moment(second, grad_norm)
+                    lrs = [g["lr"] for g in self.optimizer.param_groups]
+                    for g in self.optimizer.param_groups:
+                        g["lr"] = g["lr"] * lr_scale
+                    self.optimizer.step()
+                    for g, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+                        g["lr"] = lr
+
+                if cfg.kl_guard is None:
+                    take(1.0)
+                else:
+                    kl, kept = self._guarded_step(
+                        take, functools.partial(self._step_kl, trajectories, advantages, before),
+                        cfg.kl_guard)
+                    guard["guard/kl"] += kl / cfg.num_iterations
+                    guard["guard/undone"] += kept == "undone"
+                    guard["guard/halved"] += kept == "halved"
                 self.scheduler.step()
-                for k in ("loss", "clip_ratio", "entropy", "kl"):
-                    totals[k] += stats[k]
+                for k in totals:
+                    if k != "grad_norm":
+                        totals[k] += stats[k]
                 totals["grad_norm"] += float(grad_norm.item())
         finally:
             self.optimizer.zero_grad(set_to_none=True)
@@ -468,4 +776,6 @@ class GRPOTrainer:
         metrics = {k: v / cfg.num_iterations for k, v in totals.items()}
         if cfg.beta == 0:
             del metrics["kl"]
+        if cfg.kl_guard is not None:
+            metrics.update(guard)
         return {**metrics, **info, "seconds": time.perf_counter() - t0}
