@@ -1,9 +1,9 @@
 """Task generators: turn failures into new, verified training tasks.
 
 - `base`: the `TaskGenerator` protocol, `GenerationContext`, `GeneratorConfig`, `BaseGenerator`,
-  `Unparseable`;
+  `Unparseable`, `Replay`;
 - `registry`: `load_generator` (built-ins, entry points `sentinel.generators`, `module:Class`);
-- built-ins: `mutate`, `decompose`, `escalate`, `teacher`;
+- built-ins: `mutate`, `decompose`, `escalate`, `teacher`, `restart`;
 - `validate`: the pipeline every candidate passes (`validate_candidates`, `probe_tasks`);
 - `run`: `run_generators`, which isolates faulty or slow generators and runs the probe.
 
@@ -14,6 +14,7 @@ from generators.base import (
     BaseGenerator,
     GenerationContext,
     GeneratorConfig,
+    Replay,
     TaskGenerator,
     Unparseable,
 )
@@ -27,6 +28,7 @@ from generators.registry import (
     generator_class,
     load_generator,
 )
+from generators.restart import RestartConfig, RestartGenerator
 from generators.run import run_generators
 from generators.teacher import TeacherConfig, TeacherGenerator, parse_specs
 from generators.validate import REJECTION_REASONS, probe_tasks, validate_candidates
@@ -45,6 +47,9 @@ __all__ = [
     "GeneratorLoadError",
     "MutateConfig",
     "MutateGenerator",
+    "Replay",
+    "RestartConfig",
+    "RestartGenerator",
     "TaskGenerator",
     "TeacherConfig",
     "TeacherGenerator",

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from sentinel.tasks import TaskFamily
-from sentinel.types import Candidate, Failure, Task, canonical_json
+from sentinel.types import Candidate, Failure, Task, Trajectory, canonical_json
 
 T = TypeVar("T")
 
@@ -54,7 +54,11 @@ class GenerationContext:
     `cluster_id`, `family`, `skills`, `mode`, `n_failures`, `share`, `trend`,
     `exemplar_traj_ids`, `summary`); `mastered` are tasks the policy now solves reliably (the
     curriculum's `mastered_tasks()`); `policy` is the current policy as `(model, tokenizer)`, for
-    a `teacher` configured with `model: policy`.
+    a `teacher` configured with `model: policy`; `trajectories` are the round's training rollouts
+    by `traj_id` (those of `failures` among them), for a generator that reads the failed
+    episodes themselves (`restart`); `replay` is how the rollouts run an episode, which the
+    validation pipeline needs to check a candidate with a prefix (None: such candidates are
+    rejected, `bad_prefix`).
     """
 
     round: int
@@ -66,6 +70,18 @@ class GenerationContext:
     clusters: list[dict[str, Any]] = field(default_factory=list)
     mastered: list[Task] = field(default_factory=list)
     policy: Any = None
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)
+    replay: Replay | None = None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What replaying a task's prefix takes, as the rollouts have it: the `ChatFormat`, the
+    tool-call parser and the `EnvConfig` (its turn and token limits are the ones checked)."""
+
+    chat: Any
+    parser: Any
+    env: Any
 
 
 @dataclass

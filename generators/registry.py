@@ -29,6 +29,7 @@ from generators.decompose import DecomposeGenerator
 from generators.escalate import EscalateGenerator
 from generators.fault import FaultGenerator
 from generators.mutate import MutateGenerator
+from generators.restart import RestartGenerator
 from generators.teacher import TeacherGenerator
 from sentinel.plugins import PluginError, resolve
 
@@ -39,6 +40,7 @@ BUILTIN: dict[str, type] = {
     "escalate": EscalateGenerator,
     "teacher": TeacherGenerator,
     "fault": FaultGenerator,
+    "restart": RestartGenerator,
 }
 
 # One error for every plugin kind; the old name stays for plugins and callers that catch it.

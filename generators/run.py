@@ -140,6 +140,7 @@ def run_generators(
             families=ctx.families,
             known_task_ids=known,
             round=ctx.round,
+            replay=ctx.replay,
         )
         if fault is not None:
             reason, detail = fault

@@ -11,12 +11,18 @@ Per candidate, in order (the first failing check is the rejection reason):
 5. `answer_mismatch`: the candidate claims an answer and the family's verifier refuses it.
 6. `unverifiable`: the verifier refuses the reference answer itself (a family bug or a spec
    the verifier cannot judge); training on it would reward nothing.
-7. `duplicate`: the task id (a content hash of family and canonical spec) is already known
-   (`known_task_ids`, asked once per batch) or came earlier in this batch.
+7. `bad_prefix` (a candidate with a `prefix`, the revealed start state of `Task.prefix`):
+   replaying the prefix through the environment under the run's limits ends the episode (an
+   answer, a turn that is neither call nor answer, the turn limit, or more tokens than the
+   budget leaves a turn), or the reference continuation from the state it reaches does not
+   verify (`sentinel.tasks.prefix.prefix_problem`), or there is no `replay` to check it with.
+   The detail says which, and holds the prefix (the `spec` column does not).
+8. `duplicate`: the task id (a content hash of family, canonical spec and prefix) is already
+   known (`known_task_ids`, asked once per batch) or came earlier in this batch.
 
 Then, optionally and for the whole round at once (`probe_tasks`, called by `run_generators`):
 
-8. `probe_budget` / `too_easy` / `too_hard`: the difficulty probe. At most `probe_budget` tasks
+9. `probe_budget` / `too_easy` / `too_hard`: the difficulty probe. At most `probe_budget` tasks
    are probed per round, taken round-robin across generators (one generator cannot use up the
    budget); the rest are *rejected* with `probe_budget`, so every accepted task passed every
    configured check (a rejected spec may be proposed again, and probed, in a later round). The
@@ -29,19 +35,21 @@ Accepted tasks carry lineage: `origin="generated"`, `created_round`, `parent_tas
 cannot pass its tasks off as another generator's). Every rejection keeps the spec as canonical JSON
 text (the store's `rejections.spec` is a JSON column), the reason and a detail.
 
-The spec is untrusted input flowing into family and tool code, so steps 3-6 turn *any* exception
+The spec is untrusted input flowing into family and tool code, so steps 3-7 turn *any* exception
 into a rejection whose detail names the exception type and message: one bad candidate must not
 abort the round, and nothing is dropped without a record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from generators.base import Unparseable, round_robin
+from generators.base import Replay, Unparseable, round_robin
 from sentinel.tasks import SpecError, TaskFamily
+from sentinel.tasks.prefix import prefix_problem
 from sentinel.types import Candidate, Rejection, Task, canonical_json
 
 REJECTION_REASONS: tuple[str, ...] = (
@@ -51,6 +59,7 @@ REJECTION_REASONS: tuple[str, ...] = (
     "unsolvable",
     "answer_mismatch",
     "unverifiable",
+    "bad_prefix",
     "duplicate",
     "unparseable",
     # the difficulty probe (`probe_tasks`):
@@ -89,13 +98,18 @@ def _field_problem(candidate: Candidate) -> str | None:
         isinstance(f, str) for f in candidate.failure_ids
     ):
         return "failure_ids must be a list of str"
+    if not isinstance(candidate.prefix, list) or not all(
+        isinstance(t, str) for t in candidate.prefix
+    ):
+        return "prefix must be a list of str (assistant turn texts)"
     return None
 
 
 def _build(
-    candidate: Any, generator: str, families: dict[str, TaskFamily], round: int
+    candidate: Any, generator: str, families: dict[str, TaskFamily], round: int,
+    replay: Replay | None,
 ) -> Task | Rejection:
-    """Checks 1-6 for one candidate: the task, or why not."""
+    """Checks 1-7 for one candidate: the task, or why not."""
 
     def reject(reason: str, detail: str) -> Rejection:
         is_candidate = isinstance(candidate, Candidate)
@@ -160,6 +174,18 @@ def _build(
             return reject("unverifiable", f"the verifier refuses its own answer {task.answer!r}")
     except Exception as exc:  # recorded; see the module docstring
         return reject("unverifiable", f"verify raised {describe(exc)}")
+    if not candidate.prefix:
+        return task
+    task = dataclasses.replace(task, prefix=list(candidate.prefix), task_id="")
+    shown = f" (prefix of {len(task.prefix)} turns: {canonical_json(task.prefix)})"
+    if replay is None:
+        return reject("bad_prefix", "no environment to replay the prefix in" + shown)
+    try:
+        problem = prefix_problem(family, task, replay.chat, replay.parser, replay.env)
+    except Exception as exc:  # recorded; see the module docstring
+        problem = f"replaying the prefix raised {describe(exc)}"
+    if problem is not None:
+        return reject("bad_prefix", problem + shown)
     return task
 
 
@@ -170,14 +196,16 @@ def validate_candidates(
     families: dict[str, TaskFamily],
     known_task_ids: Callable[[Iterable[str]], set[str]],
     round: int,
+    replay: Replay | None = None,
 ) -> tuple[list[Task], list[Rejection]]:
     """Run the pipeline on `candidates` (see the module docstring).
 
     `known_task_ids(ids)` returns the subset of `ids` already stored; it is called once, with the
-    ids of the candidates that passed every other check. Returns (accepted tasks, rejections), each
-    in candidate order.
+    ids of the candidates that passed every other check. `replay` (the rollouts' chat format,
+    parser and env config) checks candidates with a prefix. Returns (accepted tasks,
+    rejections), each in candidate order.
     """
-    built = [_build(c, generator, families, round) for c in candidates]
+    built = [_build(c, generator, families, round, replay) for c in candidates]
     known = known_task_ids([b.task_id for b in built if isinstance(b, Task)])
     tasks: list[Task] = []
     rejections: list[Rejection] = []
@@ -212,7 +240,7 @@ def probe_tasks(
     budget: int,
     round: int,
 ) -> tuple[list[list[Task]], list[Rejection]]:
-    """The difficulty probe (step 8 of the module docstring) over one round's accepted tasks.
+    """The difficulty probe (step 9 of the module docstring) over one round's accepted tasks.
 
     `batches` holds each generator's accepted tasks (its name is `task.generator`); returns the
     kept tasks per batch, in order, with `probe_pass_rate` set, and the rejections. `probe` is

@@ -237,7 +237,7 @@ class Loop:
                 record.train(), record.tasks, record.round)
 
     def _generate(self, record: RoundRecord, rollouts: Rollouts, policy: Any) -> list[Task]:
-        from generators import GenerationContext, run_generators
+        from generators import GenerationContext, Replay, run_generators
 
         gen, r = self.config.generation, record.round
 
@@ -256,7 +256,9 @@ class Loop:
                 tasks={f.task_id: record.tasks[f.task_id] for f in record.failures},
                 families=self.families, rng=random.Random(self.rng.getrandbits(64)),
                 budget=gen.max_candidates, clusters=record.clusters,
-                mastered=self.curriculum.mastered_tasks(), policy=policy)
+                mastered=self.curriculum.mastered_tasks(), policy=policy,
+                trajectories={t.traj_id: t for t in record.train()},
+                replay=Replay(rollouts.chat, rollouts.parser, self.config.env))
             # Every task of this round is in `record.tasks` (eval, trained, mined before);
             # earlier rounds' are in the store.
             accepted, rejections, counts = run_generators(
