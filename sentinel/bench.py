@@ -196,11 +196,11 @@ class RunResult:
 
 # Held-out success per round and fault type (`recover:T`; NULL: the fault-free tasks).
 _BY_FAULT = """
-SELECT e.round, list_filter(t.skills, s -> s LIKE 'recover:%')[1] AS fault,
+SELECT e.round, list_filter(t.skills, lambda s: s LIKE 'recover:%')[1] AS fault,
        sum(e.successes)::DOUBLE / sum(e.k) AS rate
 FROM evals e JOIN tasks t USING (task_id) GROUP BY ALL"""
 _TRAIN_FAULT_SHARE = """
-SELECT coalesce(avg((len(list_filter(t.skills, s -> s LIKE 'recover:%')) > 0)::INT), 0)
+SELECT coalesce(avg((len(list_filter(t.skills, lambda s: s LIKE 'recover:%')) > 0)::INT), 0)
 FROM trajectories tr JOIN tasks t USING (task_id) WHERE tr.split = 'train'"""
 
 
