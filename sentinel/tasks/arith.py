@@ -356,6 +356,7 @@ class ArithFamily(TaskFamily):
                    expression: str) -> str:
         """Call the calculator until it answers in full, applying each fault's remedy."""
         arguments = {"expression": expression}
+        last: Exception = SpecError(f"the calculator kept failing on {expression!r}")
         for _ in range(4):
             name = agent["tool"]
             try:
@@ -363,8 +364,10 @@ class ArithFamily(TaskFamily):
             except NoSuchTool as exc:  # renamed: the error lists the name to use
                 solution.calls.append(ReferenceCall(name, dict(arguments), f"Error: {exc}"))
                 agent["tool"] = str(exc).rsplit("available: ", 1)[-1].split(",")[0].strip()
+                last = exc
                 continue
             except ToolFailure as exc:
+                last = exc
                 solution.calls.append(ReferenceCall(name, dict(arguments), f"Error: {exc}"))
                 if "rate limit" in str(exc):
                     wait = {"seconds": RETRY_AFTER_S}
@@ -375,7 +378,7 @@ class ArithFamily(TaskFamily):
             solution.calls.append(ReferenceCall(name, dict(arguments), observation))
             if not observation.endswith(TRUNCATED):
                 return observation
-        raise SpecError(f"the calculator kept failing on {expression!r}")
+        raise last  # a tool down for good, not a scheduled fault: the task is unsolvable
 
     def verify(self, task: Task, answer: str | None) -> bool:
         if answer is None:
