@@ -273,6 +273,11 @@ def status(
                 live.update(table(fit), refresh=True)
     except KeyboardInterrupt:
         pass
+    except RuntimeError as exc:
+        # Ctrl-C while a refresh's query runs: DuckDB turns SIGINT into this, not into
+        # KeyboardInterrupt.
+        if str(exc) != "Query interrupted":
+            raise
 
 
 @app.command()
