@@ -188,3 +188,22 @@ def test_exposure_arm_carries_the_given_fault_share(tmp_path):
     no_types = BenchConfig.model_validate(TINY)
     with pytest.raises(BenchError, match="fault_types"):
         arm_config(no_types, "exposure", 3, tmp_path / "p", exposure_share=0.2)
+
+
+def test_shipped_bench_configs_load(tmp_path):
+    """The benches' configs are valid as written (their target, budget and metric are fixed in
+    them before any run), and the recovery bench holds 40 held-out tasks per fault type."""
+    from pathlib import Path
+
+    from sentinel.loop import Loop
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    assert load_bench_config(root / "bench_arith.yaml").bench.metric == "success"
+    recovery = load_bench_config(root / "bench_recovery.yaml")
+    assert recovery.bench.metric == "recovery" and "exposure" in recovery.bench.arms
+    tasks = Loop(load_config(data=recovery.run_config()), tmp_path / "run")
+    counts: dict[str, int] = {}
+    for task in tasks.eval_tasks:
+        kind = next((s for s in task.skills if s.startswith("recover:")), "clean")
+        counts[kind] = counts.get(kind, 0) + 1
+    assert len(counts) == 6 and set(counts.values()) == {40}
