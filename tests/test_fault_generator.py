@@ -59,3 +59,15 @@ def test_budget_and_notation_feasibility() -> None:
     assert len(made) <= 5
     # perturb keeps the operations, so a notation parent's variants still have a `*` to mark.
     assert all(c.spec["faults"][0]["type"] == "notation" for c in made)
+
+
+def test_shorten_gives_the_sub_problem_at_the_fault() -> None:
+    parent = FAMILY.make_task({"expr": "(3+4)*5-6*2", "faults": [{"type": "timeout", "call": 2}]})
+    made = list(load_generator({"type": "fault", "per_failure": 4, "shorten": True})
+                .generate(context([parent])))
+    assert made
+    for c in made:
+        task = FAMILY.make_task(c.spec)
+        # One operation (the parent's third, a multiplication), the fault at its only call.
+        assert "steps:1" in task.skills and "op:mul" in task.skills
+        assert c.spec["faults"] == [{"type": "timeout", "call": 0}]
