@@ -203,6 +203,21 @@ MUTATIONS: list[Mutation] = [
              "self.timings[phase] += elapsed - self._inner.pop()",
              "self.timings[phase] += elapsed + 0 * self._inner.pop()",
              ("tests/test_run_dir.py::test_phase_timings_are_exclusive",)),
+    # -- issue #17: fault schedules, learnability, revealed prefixes ------------------------------
+    Mutation("faults-call-count-not-advanced", "sentinel/env/faults.py",
+             "k, self.calls = self.calls, self.calls + 1", "k = self.calls",
+             ("tests/test_faults.py",)),
+    Mutation("faults-short-wait-clears-rate-limit", "sentinel/env/faults.py",
+             "if self.state is not None and seconds >= RETRY_AFTER_S:",
+             "if self.state is not None:", ("tests/test_faults.py",)),
+    Mutation("faults-old-name-works-after-rename", "sentinel/env/faults.py",
+             "if called_as == name and self.renamed:", "if False:", ("tests/test_faults.py",)),
+    Mutation("curriculum-learnability-is-p", "sentinel/curriculum.py",
+             "learn = {t: p * (1 - p) for t in pool for p in [self._estimate(t, clusters)]}",
+             "learn = {t: p for t in pool for p in [self._estimate(t, clusters)]}", CURRICULUM),
+    Mutation("env-prefix-trained-on", "sentinel/env/environment.py",
+             "self.loss_mask += [0 if revealed else 1] * len(ids)",
+             "self.loss_mask += [1] * len(ids)", ("tests/test_restart.py",)),
 ]
 
 
