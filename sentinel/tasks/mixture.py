@@ -12,7 +12,7 @@ config.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sentinel.tasks.base import TaskFamily
@@ -56,20 +56,21 @@ class TaskMixture:
         rng = random.Random(seed)
         tasks: dict[str, Task] = {}
         if not stratified:
-            for _ in range(100 * n):
-                if len(tasks) >= n:
-                    break
-                task = self.sample(rng, origin=origin)
-                tasks.setdefault(task.task_id, task)
+            _fill(tasks, n, lambda: self.sample(rng, origin=origin), 100 * n)
             return list(tasks.values())
         for member, count in zip(self.members, _apportion(n, self.weights), strict=True):
-            want = len(tasks) + count
-            for _ in range(100 * count):
-                if len(tasks) >= want:
-                    break
-                task = member.sample_task(rng, origin=origin)
-                tasks.setdefault(task.task_id, task)
+            _fill(tasks, len(tasks) + count, lambda m=member: m.sample_task(rng, origin=origin),
+                  100 * count)
         return list(tasks.values())
+
+
+def _fill(tasks: dict[str, Task], want: int, draw: Callable[[], Task], tries: int) -> None:
+    """Add distinct tasks from `draw` to `tasks` until it holds `want`, at most `tries` draws."""
+    for _ in range(tries):
+        if len(tasks) >= want:
+            return
+        task = draw()
+        tasks.setdefault(task.task_id, task)
 
 
 def _apportion(n: int, weights: Sequence[float]) -> list[int]:
