@@ -273,7 +273,7 @@ def area_under(rollouts: list[float], values: list[float]) -> float:
     if len(rollouts) < 2 or rollouts[-1] <= rollouts[0]:
         return float(values[-1]) if values else math.nan
     area = sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in
-               zip(rollouts, rollouts[1:], values, values[1:]))
+               zip(rollouts, rollouts[1:], values, values[1:], strict=False))
     return round(area / (rollouts[-1] - rollouts[0]), 12)
 
 

@@ -214,7 +214,7 @@ def test_analyzer_names_the_unrecovered_fault(faulty: ArithFamily, chat: ChatFor
 
 
 def test_stratified_draw_gives_exact_counts() -> None:
-    members = [(f"arith", ArithFamily(ArithConfig(instruction="", fault_share=1.0,
+    members = [("arith", ArithFamily(ArithConfig(instruction="", fault_share=1.0,
                                                   fault_types=[t]))) for t in FAULT_TYPES[:3]]
     mixture = TaskMixture([(n, f, 1.0) for n, f in members])
     tasks = mixture.draw(30, seed=7, stratified=True)

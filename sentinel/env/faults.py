@@ -8,15 +8,11 @@ T. Every sample of a group meets the same fault at the same point, the held-out 
 a generator can move it to another call or another task, and the reference solution shows its
 remedy (so SFT can teach it). A task carrying fault T has the skill tag `recover:T`.
 
-The fault types, each a realistic failure of a tool-serving API with its own remedy:
-
-| type | what the policy sees at call k | remedy | what fails |
-|---|---|---|---|
-| `timeout` | `Error: calculator timed out after 10 s; try again` | the same call again | answering or moving on without the value |
-| `rate_limit` | `Error: calculator rate limit exceeded; retry after 2 s` | `wait(seconds=2)`, then the same call | retrying at once: still refused until the policy waits |
-| `notation` | (the prompt writes this operation's `*` as `x`) `Error: unexpected character 'x' ...; write multiplication as *` | re-issue with `*` | repeating the `x` form |
-| `renamed` | `Error: unknown tool 'calculator' (renamed); available: calc` | the same call to `calc` | calling `calculator` again: it stays gone |
-| `truncated` | the result cut in half, `1...[truncated]` | the same call again (the next answer is whole) | using the cut value |
+The fault types, each a realistic failure of a tool-serving API with its own remedy (what the
+policy sees, the remedy and what fails: the table in docs/families.md, "Fault schedules"):
+`timeout` (retry the call), `rate_limit` (`wait(seconds=2)`, then retry; retrying at once is
+refused again), `notation` (re-issue the user's `x` as `*`), `renamed` (call `calc`: the old name
+stays gone), `truncated` (the result comes back cut in half; call again).
 
 `notation` is a fault of the task's text, not of the tool: the family renders the operation in the
 user's notation and the calculator refuses it, as it refuses any `x`. The others are made here by
@@ -28,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from sentinel.env.tools import NoSuchTool, Tool, ToolFailure, check_arguments
+from sentinel.env.tools import BadArguments, NoSuchTool, Tool, ToolFailure, check_arguments
 
 FAULT_TYPES: tuple[str, ...] = ("timeout", "rate_limit", "notation", "renamed", "truncated")
 TOOL_FAULTS = ("timeout", "rate_limit", "renamed", "truncated")  # made by wrapping the tool
@@ -88,8 +84,6 @@ class Wait:
         self.state = state
 
     def __call__(self, **arguments: Any) -> str:
-        from sentinel.env.tools import BadArguments
-
         check_arguments(self, arguments)
         seconds = arguments["seconds"]
         if not 0 < seconds <= MAX_WAIT_S:

@@ -43,6 +43,7 @@ from sentinel.env.faults import (
     FAULT_TYPES,
     RETRY_AFTER_S,
     TRUNCATED,
+    Wait,
     apply_schedule,
     check_schedule,
     recover_skill,
@@ -143,8 +144,6 @@ class ArithFamily(TaskFamily):
     def tools(self) -> list[Tool]:
         tools: list[Tool] = [Calculator()]
         if "rate_limit" in self.config.fault_types:
-            from sentinel.env.faults import Wait
-
             tools.append(Wait())
         return tools
 
@@ -262,9 +261,12 @@ class ArithFamily(TaskFamily):
                 continue
         raise SpecError("could not sample a valid expression; loosen max_intermediate or ops")
 
-    def sample_spec(self, rng: random.Random) -> dict[str, Any]:
+    def _sample_clean(self, rng: random.Random) -> dict[str, Any]:
         n = rng.randint(self.config.min_operands, self.config.max_operands)
-        spec = self._sample_valid(rng, lambda: self._random_tree(rng, n))
+        return self._sample_valid(rng, lambda: self._random_tree(rng, n))
+
+    def sample_spec(self, rng: random.Random) -> dict[str, Any]:
+        spec = self._sample_clean(rng)
         if self.config.fault_share == 0 or rng.random() >= self.config.fault_share:
             return spec
         # A fault type drawn uniformly, then expressions until one can carry it (a notation
@@ -273,8 +275,7 @@ class ArithFamily(TaskFamily):
         for _ in range(MAX_TRIES):
             if (faulty := self.with_fault(spec, fault_type, rng)) is not None:
                 return faulty
-            n = rng.randint(self.config.min_operands, self.config.max_operands)
-            spec = self._sample_valid(rng, lambda: self._random_tree(rng, n))
+            spec = self._sample_clean(rng)
         raise SpecError(f"could not sample a task that can carry a {fault_type} fault; add "
                         "ops or operands")
 
