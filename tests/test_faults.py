@@ -124,6 +124,15 @@ def test_renamed_tool_is_hidden_until_the_rename(faulty: ArithFamily, chat: Chat
     assert "calc," not in prompt and "calc<" not in prompt and "calculator" in prompt
 
 
+def test_unknown_tool_error_lists_the_new_name_after_the_rename(
+        faulty: ArithFamily, chat: ChatFormat) -> None:
+    """After the rename a misspelt call is told the tool's current name, never the old one."""
+    task = faulty.make_task(CASES["renamed"][0])
+    traj = run(faulty, task, [calc("3*4"), calc("12+5"), calc("12+5", "clc")], chat)
+    assert [s.error_kind for s in traj.steps] == [None, "unknown_tool", "unknown_tool"]
+    assert traj.steps[-1].error == "unknown tool 'clc'; available: calc, wait"
+
+
 def test_wait_is_listed_for_every_task_when_rate_limits_are_configured(
         faulty: ArithFamily, chat: ChatFormat) -> None:
     """The tool list must not tell which task carries a rate limit."""

@@ -128,12 +128,17 @@ class _EpisodeFaults:
 
 
 class _ScheduledTool:
-    """The episode's tool under one of its names (the original, or the name it is renamed to,
-    which is hidden from the prompt's tool list)."""
+    """The episode's tool under one of its names: the original, listed until the rename, or the
+    name it is renamed to, hidden from the prompt's tool list and listed (in an unknown-tool
+    error) only once the rename has happened."""
 
-    def __init__(self, state: _EpisodeFaults, name: str, hidden: bool) -> None:
-        self.state, self.name, self.hidden = state, name, hidden
+    def __init__(self, state: _EpisodeFaults, name: str) -> None:
+        self.state, self.name = state, name
         self.description, self.parameters = state.tool.description, state.tool.parameters
+
+    @property
+    def hidden(self) -> bool:
+        return self.state.renamed != (self.name == self.state.new_name)
 
     def __call__(self, **arguments: Any) -> str:
         return self.state.call(self.name, arguments)
@@ -146,9 +151,9 @@ def apply_schedule(tools: dict[str, Tool], target: str, schedule: list[dict[str,
     `with_wait` or the schedule has a rate limit. Fresh state: call once per episode."""
     state = _EpisodeFaults(schedule, tools[target], new_name)
     out = dict(tools)
-    out[target] = _ScheduledTool(state, target, hidden=False)
+    out[target] = _ScheduledTool(state, target)
     if any(f["type"] == "renamed" for f in schedule):
-        out[new_name] = _ScheduledTool(state, new_name, hidden=True)
+        out[new_name] = _ScheduledTool(state, new_name)
     if with_wait or any(f["type"] == "rate_limit" for f in schedule):
         out["wait"] = Wait(state)
     return out
