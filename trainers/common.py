@@ -200,6 +200,15 @@ def prefix_lengths(seqs: list[list[int]], masks: list[list[int]]) -> list[int]:
     return out
 
 
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword `model.forward` takes its key/value cache by: `cache` (transformers >= 5.25)
+    or `past_key_values` (earlier)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def shared_prefix_logprobs(
     model: torch.nn.Module,
     seqs: list[list[int]],
@@ -251,14 +260,17 @@ def shared_prefix_logprobs(
     with autocast(device, autocast_dtype):
         pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=getattr(model, "config", None))
+        # transformers 5.25 renamed `past_key_values` to `cache`; an unknown name is swallowed
+        # by **kwargs (silently no cache), so ask the model which one it takes.
+        kw = {cache_kwarg(model): cache}
         pre = model(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos,
-                    cache=cache, use_cache=True, logits_to_keep=1)
+                    use_cache=True, logits_to_keep=1, **kw)
         cache.batch_select_indices(index)
         last = pre.logits[:, -1].index_select(0, index)  # predicts each rest's first token
         mask = torch.cat([pre_mask.index_select(0, index), rest_mask], dim=1)
         out = model(input_ids=rest_ids, attention_mask=mask,
                     position_ids=plen[:, None] + torch.arange(rest_w, device=device),
-                    cache=cache, use_cache=True)
+                    use_cache=True, **kw)
         logits = torch.cat([last[:, None], out.logits[:, :-1]], dim=1)
     # logits[b, j] predicts rests[b][j]: reuse logprobs_from_logits on a one-step shift.
     shifted = torch.cat([rest_ids[:, :1], rest_ids], dim=1)
