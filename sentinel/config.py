@@ -109,9 +109,29 @@ class PolicyConfig(Section):
                                                               description="weights dtype")
 
 
+class VLLMOptions(Section):
+    """The `vllm` backend's engine (docs/vllm.md)."""
+
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="share of GPU memory the engine may take (vLLM's default "
+        "0.9 leaves little for the trainer beside it; 0.3 is a good start on one GPU)")
+    cpu_kv_cache_gb: int | None = Field(
+        1, ge=1, description="vLLM's CPU backend: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE); "
+        "vLLM's own default takes most of the machine's memory")
+    enforce_eager: bool = Field(True, description="no CUDA graphs / compilation (faster start; "
+                                "set false for long GPU runs)")
+    max_model_len: int | None = Field(None, ge=16, description="context length of the engine "
+                                      "(default: the model's)")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences the engine runs at "
+                                     "once (default: rollout.batch_size)")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to "
+                                          "`vllm.LLM(...)` as they are")
+
+
 class RolloutConfig(Section):
-    backend: str = Field("hf", description="sampling backend: 'hf' (transformers); 'vllm' is "
-                         "refused until that backend exists")
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="sampling backend: 'hf' (transformers) or 'vllm' (an in-process vLLM "
+        "engine, weights pushed after every update; docs/vllm.md)")
     temperature: float = Field(
         0.7, gt=0, description="the one sampling temperature: training rollouts, held-out "
         "samples and probes; the GRPO loss recomputes log-probs at it (trl's `temperature`)")
@@ -119,6 +139,7 @@ class RolloutConfig(Section):
     engine: Literal["auto", "static", "generate"] = Field(
         "auto", description="hf backend: the static-cache sampler (Llama-family models) or "
         "transformers' generate; auto picks static where the model supports it")
+    vllm: VLLMOptions = Field(default_factory=VLLMOptions, description="vllm backend: the engine")
 
     @field_validator("backend")
     @classmethod
@@ -126,9 +147,11 @@ class RolloutConfig(Section):
         # Refused here, not at the first rollout: a run must not build its policy, cold-start
         # it and write round 0 before finding out it cannot sample.
         if v == "vllm":
-            raise ValueError("the vllm rollout backend is not available yet; use 'hf'")
-        if v != "hf":
-            raise ValueError(f"unknown rollout backend {v!r}; available: hf")
+            from sentinel.rollout.vllm_backend import vllm_missing_reason
+
+            reason = vllm_missing_reason()
+            if reason:
+                raise ValueError(f"rollout.backend 'vllm': {reason}")
         return v
 
 

@@ -101,11 +101,13 @@ class Loop:
         bind_spec_writers(self.generators)  # a `teacher` with `model: tiny` gets its model here
         logger = make_logger(cfg.logging, self.run_dir.path,
                              run_config=cfg.model_dump(mode="json"), console=self.console)
+        rollouts = None
         try:
             model, tokenizer = load_run_policy(cfg.policy, self.run_dir.policy_init_dir, cfg.seed)
             rollouts = Rollouts(
                 build_backend(cfg.rollout.backend, model, tokenizer,
-                              batch_size=cfg.rollout.batch_size, engine=cfg.rollout.engine),
+                              batch_size=cfg.rollout.batch_size, engine=cfg.rollout.engine,
+                              vllm=cfg.rollout.vllm, seed=cfg.seed),
                 ChatFormat(tokenizer), parser_class(cfg.env.parser)(), self.families, cfg.env,
                 cfg.reward, temperature=cfg.rollout.temperature, rng=self.rng)
             first = 0
@@ -133,7 +135,21 @@ class Loop:
                 self._finish(record, model, tokenizer, trainer, logger)
             return self.history
         finally:
+            # A vLLM engine is shut down here, not whenever it is collected: vLLM's parallel
+            # state is process-wide, and a late shutdown would tear down a later engine's.
+            close = getattr(getattr(rollouts, "backend", None), "close", None)
+            if close is not None:
+                close()
             logger.close()
+
+    def _make_sampler(self, backend: str, model: Any, tokenizer: Any,
+                      options: dict[str, Any] | None = None) -> Any:
+        """A rollout backend over another model (a generator's own), with this run's settings;
+        `options` overrides `rollout.vllm`'s keys for a vllm one."""
+        cfg = self.config.rollout
+        vllm = {**cfg.vllm.model_dump(), **(options or {})}
+        return build_backend(backend, model, tokenizer, batch_size=cfg.batch_size,
+                             engine=cfg.engine, vllm=vllm, seed=self.config.seed)
 
     def _open_store(self, resume: bool) -> list[int]:
         """The committed rounds; creates the store and its `runs` row for a new run."""
@@ -258,7 +274,8 @@ class Loop:
                 budget=gen.max_candidates, clusters=record.clusters,
                 mastered=self.curriculum.mastered_tasks(), policy=policy,
                 trajectories={t.traj_id: t for t in record.train()},
-                replay=Replay(rollouts.chat, rollouts.parser, self.config.env))
+                replay=Replay(rollouts.chat, rollouts.parser, self.config.env),
+                sampler=rollouts.backend, make_sampler=self._make_sampler)
             # Every task of this round is in `record.tasks` (eval, trained, mined before);
             # earlier rounds' are in the store.
             accepted, rejections, counts = run_generators(

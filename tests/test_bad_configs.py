@@ -8,6 +8,7 @@ loaded, so an unknown one is a config error too; the real CLI is checked for one
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import typing
@@ -32,10 +33,8 @@ BAD_CONFIGS: dict[str, tuple[list[str], str, str]] = {
     "section given a number": (["env=5"], "env", "dictionary"),
     "list given a mapping": (["families={type: arith}"], "families", "list"),
     "bool given a word": (["eval.greedy=sometimes"], "eval.greedy", "boolean"),
-    # a backend that does not exist yet is refused at load, not at the first rollout
-    "vllm backend before it exists": (["rollout.backend=vllm"], "rollout.backend",
-                                      "not available yet"),
-    "unknown rollout backend": (["rollout.backend=sglang"], "rollout.backend", "available: hf"),
+    # a backend this environment cannot run is refused at load, not at the first rollout
+    "unknown rollout backend": (["rollout.backend=sglang"], "rollout.backend", "'hf' or 'vllm'"),
     # unknown keys at several depths
     "unknown top-level key": (["bogus=1"], "bogus", "unknown config key"),
     "unknown key, depth 2": (["grpo.lrr=1"], "grpo.lrr", "unknown config key"),
@@ -174,3 +173,15 @@ def test_unknown_generator_type_fails_the_cli(tmp_path: Path) -> None:
     assert "generators.0.type" in lines[0]
     assert "unknown generator 'no_such_generator'" in lines[0]
     assert not (tmp_path / "run" / "sentinel.duckdb").exists()  # failed before the store
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
+                    reason="vLLM is installed here: the vllm backend is available")
+def test_vllm_backend_without_vllm_says_how_to_install_it() -> None:
+    """Where vLLM is absent, `rollout.backend: vllm` fails at load, naming the key and the two
+    ways to get it (the GPU extra, the CPU environment)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, ["rollout.backend=vllm"])
+    text = str(err.value)
+    assert "rollout.backend" in text and "sentinel-rl[vllm]" in text
+    assert "make vllm-cpu-env" in text

@@ -287,3 +287,20 @@ def test_help_imports_neither_torch_nor_transformers() -> None:
         capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     assert "loop" in run.stdout
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    """Each config in configs/ loads; one that samples with vLLM loads here with the hf backend
+    when vLLM is absent (the vllm environment loads it as it is, tests/test_vllm_backend.py)."""
+    from sentinel.bench import load_bench_config
+    from sentinel.rollout.vllm_backend import vllm_missing_reason
+
+    if path.name.startswith("bench_"):
+        load_bench_config(path)
+        return
+    overrides = []
+    if "backend: vllm" in path.read_text() and vllm_missing_reason():
+        overrides = ["rollout.backend=hf"]
+    cfg = load_config(path, overrides)
+    assert cfg.rounds >= 1

@@ -5,6 +5,7 @@ numbers computed here by other means, not only for running."""
 from __future__ import annotations
 
 import copy
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -422,3 +423,57 @@ def test_recipe_rules_across_keys_name_them() -> None:
     defaults = GRPOConfig()
     assert (defaults.optimizer, defaults.adam_v_warm_start, defaults.kl_guard,
             defaults.cov_penalty) == ("adamw", False, None, "none")
+
+
+# --- rollout_correction: recompute, tis -----------------------------------------------------------
+
+
+def shifted(trajs: list[Trajectory], delta: float) -> list[Trajectory]:
+    """The same trajectories with every stored (engine) log-prob lower by `delta`: an engine whose
+    log-probs disagree with the trainer's by exp(delta) in probability on every sampled token."""
+    out = []
+    for t in trajs:
+        moved = copy.copy(t)
+        moved.logprobs = [x - delta if m else 0.0
+                          for x, m in zip(t.logprobs, t.loss_mask, strict=True)]
+        out.append(moved)
+    return out
+
+
+def test_recompute_trains_as_if_the_engine_had_the_trainers_logprobs(
+    model: LlamaForCausalLM,
+) -> None:
+    """With `recompute` the engine's log-probs do not enter the step: a batch whose stored
+    log-probs are off (random noise) takes exactly the step of the batch with the trainer's own;
+    without it the step differs."""
+    trajs = grouped_batch(model, 1.0)
+    _, exact_metrics, exact = one_step(copy.deepcopy(model), trajs, ADV, num_iterations=2)
+    _, metrics, fixed = one_step(copy.deepcopy(model), off_policy(trajs), ADV,
+                                 rollout_correction="recompute", num_iterations=2)
+    _, _, plain = one_step(copy.deepcopy(model), off_policy(trajs), ADV, num_iterations=2)
+    torch.testing.assert_close(fixed, exact, rtol=0, atol=1e-6)  # float noise of the recompute
+    assert (plain - exact).abs().max() > 1e-4
+    assert 0.1 < metrics["rollout/logprob_diff"] < 0.5  # |N(0, 0.3)| averages 0.24
+    assert "rollout/logprob_diff" not in exact_metrics
+
+
+@pytest.mark.parametrize(("delta", "weight"),
+                         [(0.5, math.exp(0.5)), (2.0, 3.0), (-0.7, math.exp(-0.7))])
+def test_tis_scales_each_tokens_surrogate_by_the_truncated_ratio(
+    model: LlamaForCausalLM, delta: float, weight: float,
+) -> None:
+    """tis: trainer-over-engine ratio exp(delta) on every token, truncated at the cap (3.0): the
+    gradient is the exact-log-prob gradient times min(exp(delta), 3), the metrics say so."""
+    trajs = grouped_batch(model, 1.0)
+    reference = batch_gradient(model, trajs, ADV)
+    m = copy.deepcopy(model)
+    trainer = GRPOTrainer(m, config(rollout_correction="tis"), PAD)
+    moved = shifted(trajs, delta)
+    info = trainer._rollout_correction(moved, ADV, trainer.loss_masks(moved))
+    trainer.accumulate_gradients(moved, ADV)
+    trainer._correction = None
+    torch.testing.assert_close(flat(p.grad for p in m.parameters()), weight * reference,
+                               rtol=1e-4, atol=1e-7)
+    assert info["rollout/is_weight"] == pytest.approx(weight, rel=1e-4)
+    assert info["rollout/is_capped"] == (1.0 if delta == 2.0 else 0.0)
+    assert info["rollout/logprob_diff"] == pytest.approx(abs(delta), rel=1e-4)

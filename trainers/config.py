@@ -34,6 +34,7 @@ ScaleRewards = Literal["group", "batch", "none"]
 Optimizer = Literal["adamw", "radam"]
 KLGuardAction = Literal["undo", "halve"]
 CovPenalty = Literal["none", "clip_cov", "kl_cov"]
+RolloutCorrection = Literal["none", "recompute", "tis"]
 
 
 _BOUNDS = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
@@ -146,6 +147,14 @@ class GRPOUpdateConfig(ExplainedModel):
                                 "tokens, those of largest covariance, penalised (at least one)")
     kl_cov_coef: float = Field(0.1, ge=0.0, description="kl_cov: coefficient of |logp - logp_old| "
                                "(verl's ppo_kl_coef)")
+    rollout_correction: RolloutCorrection = Field(
+        "none", description="the 'old' log-probs of the ratio: none uses the rollout engine's "
+        "sampling log-probs; recompute replaces them by the trainer's (a no-grad forward before "
+        "the first pass); tis recomputes and also multiplies each token's surrogate by "
+        "min(exp(trainer - engine), rollout_is_cap), trl's vllm_importance_sampling_correction "
+        "(token_truncate)")
+    rollout_is_cap: float = Field(3.0, gt=0.0, description="tis: the truncation cap (trl's "
+                                  "vllm_importance_sampling_clip_max)")
 
     @model_validator(mode="after")
     def _schedule(self) -> GRPOUpdateConfig:

@@ -281,6 +281,7 @@ class _Chunk(NamedTuple):
     seqs: list[list[int]]
     lead: list[int] | None  # untrained prefix lengths, for the shared-prefix pass
     cov: torch.Tensor | None  # tokens chosen by `covariance_selection` (bool)
+    is_weight: torch.Tensor | None  # rollout_correction tis: per-token IS weight [B, T]
 
 
 class GRPOTrainer:
@@ -308,6 +309,10 @@ class GRPOTrainer:
         if config.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # rollout_correction: per micro-batch (keyed by its trajectories' positions) the trainer's
+        # log-probs and the tis weights, set for the duration of one `step`.
+        self._correction: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] | None
+        self._correction = None
         # Created once so the Adam moments and the schedule carry over from round to round.
         self.optimizer = OPTIMIZERS[config.optimizer](
             self.params, lr=config.lr, weight_decay=config.weight_decay,
@@ -458,18 +463,23 @@ class GRPOTrainer:
                 for row, i in enumerate(idx):
                     cov[row, : len(selection[i])] = selection[i]
                 cov = cov.to(device)
+            old = batch["old_logprobs"].to(device)
+            is_weight = None
+            if self._correction is not None:
+                old, is_weight = self._correction[tuple(idx)]
             yield _Chunk(
                 idx=idx,
                 input_ids=batch["input_ids"].to(device),
                 attention_mask=attention_mask,
                 mask=batch["loss_mask"].to(device).bool() & attention_mask.bool(),
-                old=batch["old_logprobs"].to(device),
+                old=old,
                 adv=torch.tensor([float(advantages[i]) for i in idx], dtype=torch.float32,
                                  device=device),
                 seqs=seqs,
                 lead=(prefix_lengths(seqs, [masks[i] for i in idx])
                       if cfg.share_prefix and min(len(s) for s in seqs) >= 2 else None),
                 cov=cov,
+                is_weight=is_weight,
             )
 
     def accumulate_gradients(
@@ -551,7 +561,8 @@ class GRPOTrainer:
                                              c.attention_mask, entropy=False)
                     if ref_cache is not None:
                         ref_cache[key] = ref
-            per_token = grpo_token_loss(new, c.old, c.adv, c.mask, cfg, ref, c.cov)
+            adv = c.adv if c.is_weight is None else c.adv.unsqueeze(1) * c.is_weight
+            per_token = grpo_token_loss(new, c.old, adv, c.mask, cfg, ref, c.cov)
             loss = aggregate_loss(per_token, c.mask, cfg.loss_agg, n_tokens, len(trajectories),
                                   cfg.max_completion_tokens)
             loss.backward()
@@ -690,6 +701,39 @@ class GRPOTrainer:
         metrics["learning_rate"] = float(self.scheduler.get_last_lr()[0])
         return metrics
 
+    def _rollout_correction(self, trajectories: list[Trajectory], advantages: Sequence[float],
+                            masks: list[list[int]]) -> dict[str, float]:
+        """Recompute the batch's 'old' log-probs with the trainer (no grad, the model as it is
+        before the step) and, for `tis`, the truncated IS weights; sets `self._correction` for
+        `_chunks`. Returns `rollout/logprob_diff` (mean |trainer - engine| over trained tokens)
+        and, for `tis`, `rollout/is_weight` (mean weight) and `rollout/is_capped` (share of
+        trained tokens at the cap)."""
+        cfg = self.config
+        correction: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        diff = capped = weight = 0.0
+        n = 0
+        with torch.no_grad():
+            for c in self._chunks(trajectories, advantages, masks, self._parts(trajectories),
+                                  None):
+                new = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
+                                     entropy=False).float()
+                new = torch.where(c.mask, new, 0.0)
+                gap = torch.where(c.mask, new - c.old, 0.0)
+                w = None
+                if cfg.rollout_correction == "tis":
+                    w = torch.clamp(torch.exp(gap), max=cfg.rollout_is_cap)
+                    weight += float(w[c.mask].sum().item())
+                    capped += float((w[c.mask] >= cfg.rollout_is_cap).sum().item())
+                diff += float(gap[c.mask].abs().sum().item())
+                n += int(c.mask.sum().item())
+                correction[tuple(c.idx)] = (new, w)
+        self._correction = correction
+        out = {"rollout/logprob_diff": diff / max(n, 1)}
+        if cfg.rollout_correction == "tis":
+            out.update({"rollout/is_weight": weight / max(n, 1),
+                        "rollout/is_capped": capped / max(n, 1)})
+        return out
+
     def step(self, trajectories: list[Trajectory], advantages: Sequence[float]) -> dict[str, float]:
         """One GRPO update on a batch: `num_iterations` passes, one optimizer step per pass.
 
@@ -736,6 +780,8 @@ class GRPOTrainer:
         self.model.train()
         ref_cache: dict[int, torch.Tensor] = {}
         try:
+            if cfg.rollout_correction != "none":
+                info.update(self._rollout_correction(trajectories, advantages, masks))
             for _ in range(cfg.num_iterations):
                 selection = (self.select_cov_tokens(trajectories, advantages)
                              if cfg.cov_penalty != "none" else None)
@@ -771,6 +817,7 @@ class GRPOTrainer:
                         totals[k] += stats[k]
                 totals["grad_norm"] += float(grad_norm.item())
         finally:
+            self._correction = None
             self.optimizer.zero_grad(set_to_none=True)
             self.model.train(was_training)
         metrics = {k: v / cfg.num_iterations for k, v in totals.items()}

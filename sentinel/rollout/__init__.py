@@ -8,8 +8,8 @@ samples one turn for all of them in a batch, and hands each turn back to its epi
 the tools. `Rollouts.run` builds the episodes of a list of tasks (a group of samples per task),
 drives them, and scores every trajectory with the hybrid reward.
 
-Backends: `hf` (transformers: the static-KV-cache sampler, or `generate`). `rollout.backend:
-vllm` is refused by the config until that backend exists.
+Backends: `hf` (transformers: the static-KV-cache sampler, or `generate`) and `vllm` (an
+in-process vLLM engine that follows the trained weights by pushes; `sentinel.rollout.vllm_backend`).
 """
 
 from __future__ import annotations
@@ -38,13 +38,18 @@ class RolloutBackend(Protocol):
 
 
 def build_backend(name: str, model: Any, tokenizer: Any, *, batch_size: int,
-                  engine: str = "auto") -> RolloutBackend:
-    """The rollout backend `name` over the policy `(model, tokenizer)`."""
+                  engine: str = "auto", vllm: Any = None, seed: int = 0) -> RolloutBackend:
+    """The rollout backend `name` over the policy `(model, tokenizer)`; `vllm` holds the vllm
+    backend's engine options (`VLLMOptions`)."""
     if name == "hf":
         from sentinel.rollout.hf import HFBackend
 
         return HFBackend(model, tokenizer, batch_size=batch_size, engine=engine)
-    raise ValueError(f"rollout.backend {name!r} is not available; use 'hf'")
+    if name == "vllm":
+        from sentinel.rollout.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model, tokenizer, batch_size=batch_size, options=vllm, seed=seed)
+    raise ValueError(f"rollout.backend {name!r} is not available; use 'hf' or 'vllm'")
 
 
 def run_episodes(backend: RolloutBackend, episodes: list[Episode], *, temperature: float,

@@ -20,6 +20,8 @@ class HFBackend:
     rows dropped; Llama-family models only), `generate` with transformers' `generate`, `auto` (the
     default) with the first when the model supports it."""
 
+    name = "hf"
+
     def __init__(self, model: Any, tokenizer: Any, *, batch_size: int = 128,
                  engine: str = "auto") -> None:
         from sentinel.rollout.static import StaticEngine, _unsupported
