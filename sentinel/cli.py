@@ -3,6 +3,7 @@ commands, so `sentinel --help` answers instantly."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,7 +31,6 @@ def _reader_gone() -> None:
     """The reader of stdout left (`... | head`): stop quietly, as a successful command. Later
     writes, including the interpreter's final flush, go to /dev/null."""
     import os
-    import sys
 
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     raise typer.Exit(0)
@@ -133,8 +133,6 @@ def sql(
     Anything but a plain read (INSERT, CREATE, COPY ... TO, ATTACH, SET, ...) is refused before it
     runs, and the store is opened read-only. While a loop commits a round the query waits for it.
     """
-    import sys
-
     import duckdb
 
     from task_store import SchemaVersionError, StoreLockedError
@@ -267,6 +265,9 @@ def status(
     # reopened read-only on every refresh.
     fit = max((console.height - 7) // 2, 3) if console.is_terminal else None
     try:
+        # On stderr, at once: says how to stop, and tells a caller that the watch has started.
+        print(f"sentinel status: watching {run_dir} every {interval:g}s; Ctrl-C stops",
+              file=sys.stderr, flush=True)
         with Live(table(fit), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(interval)
@@ -313,7 +314,6 @@ def bench_curriculum(
     """Failure-driven curriculum vs uniform sampling vs online difficulty filtering, at equal
     rollout budget from one shared SFT cold start (see docs/results.md)."""
     import shlex
-    import sys
 
     from sentinel.bench import BenchError, load_bench_config, run_curriculum_bench
     from sentinel.config import ConfigError

@@ -255,9 +255,11 @@ def test_status_watch_follows_new_rounds_and_exits_on_ctrl_c(tmp_path):
     reader.start()
 
     try:
-        # Live output to a pipe is only flushed at exit, so wait for start-up by time (generous:
-        # the interpreter imports torch-free code, but CI machines are busy).
-        time.sleep(4.0)
+        # Live output to a pipe is only flushed at exit; the watch announces itself on stderr
+        # when it starts, so Ctrl-C is never sent into the interpreter's start-up (on a loaded
+        # machine that took longer than a fixed wait).
+        started = proc.stderr.readline()
+        assert "watching" in started and "Ctrl-C" in started, started
         # A loop commits while status watches: the watcher only ever holds read-only
         # connections briefly, so the write goes through.
         store.record_round(7, {"heldout_success": 0.777, "metrics": {"loss": 0.123}})
