@@ -77,8 +77,18 @@ class VLLMBackend:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if opts.get("cpu_kv_cache_gb") is not None:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(opts["cpu_kv_cache_gb"])))
+        # vLLM logs every engine step of its start at INFO; a loop's own progress is what a user
+        # reads. VLLM_LOGGING_LEVEL set by the user wins.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        import logging
+
         import torch
         from vllm import LLM
+
+        # Without a tokenizer in the engine (token in/out), vLLM's chat-template warm-up fails
+        # and logs the traceback as a warning; nothing here renders chat templates.
+        logging.getLogger("vllm.renderers.base").addFilter(
+            lambda record: "Chat template warmup failed" not in record.getMessage())
 
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
         self.eos_id = tokenizer.eos_token_id
