@@ -218,6 +218,19 @@ MUTATIONS: list[Mutation] = [
     Mutation("env-prefix-trained-on", "sentinel/env/environment.py",
              "self.loss_mask += [0 if revealed else 1] * len(ids)",
              "self.loss_mask += [1] * len(ids)", ("tests/test_restart.py",)),
+    # Issue #18: the rollout correction and the KV-cache keyword of the shared-prefix pass.
+    Mutation("grpo-recompute-ignored", "trainers/grpo.py",
+             "                old, is_weight = self._correction[tuple(idx)]",
+             "                _, is_weight = self._correction[tuple(idx)]",
+             ("tests/test_grpo_recipe.py",)),
+    Mutation("grpo-tis-uncapped", "trainers/grpo.py",
+             "w = torch.clamp(torch.exp(gap), max=cfg.rollout_is_cap)",
+             "w = torch.exp(gap)", ("tests/test_grpo_recipe.py",)),
+    # Killed only where transformers < 5.25 (`cache=` swallowed): `.venv-lower/bin/python
+    # tools/mutate.py --only common-cache`; in .venv (5.25) it is an equivalent mutant.
+    Mutation("common-cache-keyword-fixed", "trainers/common.py",
+             'return "cache" if "cache" in params else "past_key_values"',
+             'return "cache"', ("tests/test_trainers.py",)),
 ]
 
 
