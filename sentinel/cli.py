@@ -264,6 +264,11 @@ def status(
     # Show the latest rounds that fit the terminal (rows may wrap to two lines); the store is
     # reopened read-only on every refresh.
     fit = max((console.height - 7) // 2, 3) if console.is_terminal else None
+    import signal
+
+    # A shell running us in the background without job control leaves SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt: the watch says Ctrl-C stops it, so make it so.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # On stderr, at once: says how to stop, and tells a caller that the watch has started.
         print(f"sentinel status: watching {run_dir} every {interval:g}s; Ctrl-C stops",
