@@ -85,6 +85,10 @@ def loop(
     except (OSError, StoreLockedError) as exc:
         _fail(f"{exc}\nthe interrupted round was not stored; once the cause is fixed, continue "
               f"with: sentinel loop --resume --run-dir {run_dir}")
+    from sentinel import distributed
+
+    if not distributed.is_main():  # under a launcher rank 0 reports
+        return
     _, rows = _store(run_dir).query(
         "SELECT round, heldout_success FROM rounds ORDER BY round")
     (r0, first), (rn, last) = rows[0], rows[-1]

@@ -49,7 +49,14 @@ from sentinel.plugins import PluginError
 from sentinel.policy import TinyPolicyConfig
 from sentinel.rewards import RewardConfig
 from sentinel.tasks import FamilyEntry, family_entry
-from trainers.config import ExplainedModel, GRPOConfig, GRPOUpdateConfig, SFTConfig, why
+from trainers.config import (
+    ExplainedModel,
+    GRPOConfig,
+    GRPOUpdateConfig,
+    SFTConfig,
+    trl_unsupported,
+    why,
+)
 
 
 class ConfigError(ValueError):
@@ -152,6 +159,27 @@ class RolloutConfig(Section):
             reason = vllm_missing_reason()
             if reason:
                 raise ValueError(f"rollout.backend 'vllm': {reason}")
+        return v
+
+
+class TrainerConfig(Section):
+    """Who runs the GRPO phase of a round (docs/scale-out.md)."""
+
+    backend: Literal["sentinel", "trl"] = Field(
+        "sentinel", description="sentinel: the native GRPO trainer (one process); trl: trl's "
+        "GRPOTrainer (several processes under torchrun / accelerate launch), fed by Sentinel's "
+        "curriculum, environment and reward")
+
+    @field_validator("backend")
+    @classmethod
+    def _available(cls, v: str) -> str:
+        if v == "trl":
+            import importlib.util
+
+            missing = [m for m in ("trl", "accelerate") if importlib.util.find_spec(m) is None]
+            if missing:
+                raise ValueError(f"trainer.backend 'trl' needs {' and '.join(missing)}: "
+                                 "pip install 'sentinel-rl[trl]'")
         return v
 
 
@@ -259,6 +287,8 @@ class SentinelConfig(Section):
     grpo: GRPOUpdateConfig = Field(default_factory=GRPOUpdateConfig,
                                    description="the GRPO update (its temperature is "
                                    "rollout.temperature)")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig,
+                                   description="the GRPO trainer backend")
     batch: BatchConfig = Field(default_factory=BatchConfig, description="the shape of a batch")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out set")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig,
@@ -307,6 +337,10 @@ class SentinelConfig(Section):
                 f"env.max_turn_tokens ({self.env.max_turn_tokens}) must not exceed env.max_tokens "
                 f"({self.env.max_tokens}): one turn cannot be longer than the whole episode"
             )
+        if self.trainer.backend == "trl" and trl_unsupported(self.grpo):
+            raise ValueError(
+                f"trainer.backend 'trl' cannot do {', '.join(trl_unsupported(self.grpo))}: trl's "
+                "GRPO loss has no such option (turn it off, or use trainer.backend 'sentinel')")
         try:
             parser_class(self.env.parser)
         except PluginError as exc:

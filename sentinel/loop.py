@@ -29,6 +29,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sentinel import distributed
 from sentinel.analyzer import FailureAnalyzer
 from sentinel.config import SentinelConfig
 from sentinel.curriculum import Curriculum
@@ -45,6 +46,8 @@ from task_store import Store
 
 __all__ = ["Loop", "LoopError", "RoundRecord", "fault_point"]
 
+REFERENCE_DIR = "reference"  # trainer.backend trl, beta > 0: the cold-started policy
+
 
 class LoopError(RuntimeError):
     """A run that cannot start or continue as asked; the message says why."""
@@ -59,7 +62,8 @@ class Loop:
         from generators import load_generator
 
         self.config, self.run_dir = config, RunDir(run_dir)
-        self.console = console or Console()
+        # Under a launcher only rank 0 reports; the others train and sample, silently.
+        self.console = console or Console(quiet=not distributed.is_main())
         self.rng = random.Random(config.seed)
         self.mixture = TaskMixture.from_entries(config.families)
         held_out = TaskMixture.from_entries(config.eval.families or config.families)
@@ -85,9 +89,15 @@ class Loop:
         whose store already holds a run is refused. The run's `runs` row is written once, when
         the run starts; resuming adds none.
         """
-        from sentinel.policy import check_policy_source, load_run_policy
+        from sentinel.policy import check_policy_source
         from sentinel.spec_writer import bind_spec_writers
 
+        if distributed.launched() and self.config.trainer.backend != "trl":
+            raise LoopError(f"{distributed.world_size()} processes were launched, but "
+                            f"trainer.backend {self.config.trainer.backend!r} runs in one: set "
+                            "trainer.backend: trl (docs/scale-out.md)")
+        if not distributed.is_main():
+            return self._follow()
         try:  # before the store is opened: a policy that cannot load leaves nothing behind
             check_policy_source(self.config.policy.model)
         except ValueError as exc:
@@ -97,19 +107,14 @@ class Loop:
         if done and done[-1] >= cfg.rounds:
             self.console.print(f"{self.run_dir.path}: all {cfg.rounds} rounds are committed; "
                                "nothing to do")
+            distributed.broadcast({"first": cfg.rounds + 1})
             return []
         bind_spec_writers(self.generators)  # a `teacher` with `model: tiny` gets its model here
         logger = make_logger(cfg.logging, self.run_dir.path,
                              run_config=cfg.model_dump(mode="json"), console=self.console)
         rollouts = None
         try:
-            model, tokenizer = load_run_policy(cfg.policy, self.run_dir.policy_init_dir, cfg.seed)
-            rollouts = Rollouts(
-                build_backend(cfg.rollout.backend, model, tokenizer,
-                              batch_size=cfg.rollout.batch_size, engine=cfg.rollout.engine,
-                              vllm=cfg.rollout.vllm, seed=cfg.seed),
-                ChatFormat(tokenizer), parser_class(cfg.env.parser)(), self.families, cfg.env,
-                cfg.reward, temperature=cfg.rollout.temperature, rng=self.rng)
+            model, tokenizer, rollouts = self._policy()
             first = 0
             if done:
                 trainer = self._new_trainer(model, tokenizer)
@@ -123,9 +128,13 @@ class Loop:
                         self._cold_start(record, model, tokenizer, rollouts)
                 # After SFT: the trainer's reference model (beta > 0) is the SFT policy.
                 trainer = self._new_trainer(model, tokenizer)
+                if hasattr(trainer, "save_reference"):
+                    trainer.save_reference()
                 self._evaluate(record, rollouts)
                 self._finish(record, model, tokenizer, trainer, logger)
                 first = 1
+            # Other ranks (a launcher's) start from the checkpoint of round first - 1.
+            distributed.broadcast({"first": first})
             for r in range(first, cfg.rounds + 1):
                 record = RoundRecord(round=r)
                 self._train(record, rollouts, trainer, logger)
@@ -133,6 +142,7 @@ class Loop:
                 self._analyze(record)
                 self.curriculum.add_mined(self._generate(record, rollouts, (model, tokenizer)))
                 self._finish(record, model, tokenizer, trainer, logger)
+                distributed.broadcast(self.curriculum.state_dict())
             return self.history
         finally:
             # A vLLM engine is shut down here, not whenever it is collected: vLLM's parallel
@@ -141,6 +151,57 @@ class Loop:
             if close is not None:
                 close()
             logger.close()
+
+    def _policy(self) -> tuple[Any, Any, Rollouts]:
+        """The run's policy `(model, tokenizer)` and the `Rollouts` that sample it. Under a
+        launcher, `policy.device: cuda` means this rank's GPU (LOCAL_RANK)."""
+        import os
+
+        from sentinel.policy import load_run_policy
+
+        cfg = self.config
+        policy = cfg.policy
+        if distributed.launched() and policy.device == "cuda":
+            policy = policy.model_copy(update={"device": f"cuda:{os.environ['LOCAL_RANK']}"})
+        model, tokenizer = load_run_policy(policy, self.run_dir.policy_init_dir, cfg.seed)
+        rollouts = Rollouts(
+            build_backend(cfg.rollout.backend, model, tokenizer,
+                          batch_size=cfg.rollout.batch_size, engine=cfg.rollout.engine,
+                          vllm=cfg.rollout.vllm, seed=cfg.seed),
+            ChatFormat(tokenizer), parser_class(cfg.env.parser)(), self.families, cfg.env,
+            cfg.reward, temperature=cfg.rollout.temperature, rng=self.rng)
+        return model, tokenizer, rollouts
+
+    def _follow(self) -> list[dict[str, Any]]:
+        """A launcher's rank > 0: wait for rank 0's cold start (or resume), start from its
+        checkpoint, then train every round beside it (trl's collectives keep the weights and
+        optimizer equal) and take rank 0's curriculum after each round, mined tasks included.
+        It writes nothing to the run directory."""
+        import torch
+
+        from sentinel.loggers import NullLogger
+
+        cfg, rank = self.config, distributed.rank()
+        first = distributed.broadcast(None)["first"]
+        if first > cfg.rounds:
+            return []
+        model, tokenizer, rollouts = self._policy()
+        try:
+            trainer = self._new_trainer(model, tokenizer)
+            extra = self.run_dir.load_checkpoint(first - 1, model, trainer)
+            self.curriculum.load_state_dict(extra["curriculum"])
+            model.eval()
+            for r in range(first, cfg.rounds + 1):
+                # This rank's own episode and sampling randomness (rank 0 keeps the run's).
+                self.rng.seed(f"{cfg.seed}:{rank}:{r}")
+                torch.manual_seed(cfg.seed * 1_000_003 + rank * 1009 + r)
+                self._train(RoundRecord(round=r), rollouts, trainer, NullLogger())
+                self.curriculum.load_state_dict(distributed.broadcast(None))
+            return []
+        finally:
+            close = getattr(rollouts.backend, "close", None)
+            if close is not None:
+                close()
 
     def _make_sampler(self, backend: str, model: Any, tokenizer: Any,
                       options: dict[str, Any] | None = None) -> Any:
@@ -167,10 +228,21 @@ class Loop:
         return done
 
     def _new_trainer(self, model: Any, tokenizer: Any) -> Any:
-        from trainers.grpo import GRPOTrainer
-
         cfg = self.config
         steps = cfg.rounds * cfg.batch.steps_per_round * cfg.grpo.num_iterations
+        if cfg.trainer.backend == "trl":
+            from trainers.trl_backend import TRLTrainer
+
+            return TRLTrainer(
+                model, tokenizer, cfg.grpo_trainer_config(),
+                max_completion_tokens=cfg.grpo.max_completion_tokens,
+                reward_weights={"outcome": cfg.reward.w_outcome, "format": cfg.reward.w_format,
+                                "process": cfg.reward.w_process},
+                seed=cfg.seed, output_dir=self.run_dir.path / "trl",
+                reference_dir=self.run_dir.path / REFERENCE_DIR if cfg.grpo.beta > 0 else None,
+                world_size=distributed.world_size(), total_steps=steps)
+        from trainers.grpo import GRPOTrainer
+
         return GRPOTrainer(model, cfg.grpo_trainer_config(), pad_token_id=tokenizer.pad_token_id,
                            total_steps=steps)
 
@@ -214,6 +286,9 @@ class Loop:
         return task if spec == task.spec else family.make_task(spec, origin=task.origin)
 
     def _train(self, record: RoundRecord, rollouts: Rollouts, trainer: Any, logger: Any) -> None:
+        if hasattr(trainer, "train_round"):
+            self._train_round(record, rollouts, trainer, logger)
+            return
         cfg, r = self.config.batch, record.round
         step_metrics: list[dict[str, float]] = []
         for step in range(cfg.steps_per_round):
@@ -234,6 +309,49 @@ class Loop:
             logger.log(trl_names(metrics), step=(r - 1) * cfg.steps_per_round + step + 1)
             step_metrics.append(metrics)
             record.trajectories += trajs
+        record.metrics.update(average(step_metrics))
+
+    def _train_round(self, record: RoundRecord, rollouts: Rollouts, trainer: Any,
+                     logger: Any) -> None:
+        """A round trained by a backend that samples itself (trl): it draws from the
+        curriculum and rolls out through the loop's `Rollouts`; every rank's trajectories come
+        back through `observe` (on every rank, so each rank's curriculum stays identical), and
+        rank 0 keeps them for the store."""
+        from trainers.trl_backend import RoundIO
+
+        cfg, r = self.config.batch, record.round
+        step_metrics: list[dict[str, float]] = []
+        updates = [0]
+
+        def sample(n: int) -> list[Task]:
+            tasks = self.curriculum.sample(n)
+            record.tasks |= {t.task_id: t for t in tasks if t.task_id not in record.tasks}
+            return tasks
+
+        def rollout(tasks: list[Task], samples: int, prefix: str) -> list[Trajectory]:
+            fault_point("rollout", r)
+            with record.timed("rollout"):
+                return self._rollout(rollouts, tasks, samples,
+                                     f"round {r} step {updates[0] + 1}/{cfg.steps_per_round} "
+                                     "rollouts", split="train", round=r, group_prefix=prefix)
+
+        def observe(trajs: list[Trajectory]) -> tuple[set[str], dict[str, float]]:
+            fault_point("train", r)
+            admitted = {t.traj_id for t in self.curriculum.observe(trajs)}
+            updates[0] += 1
+            if distributed.is_main():
+                record.trajectories += trajs
+            return admitted, {**self.curriculum.metrics(), **batch_metrics(trajs)}
+
+        def log(metrics: dict[str, float]) -> None:
+            step_metrics.append(metrics)
+            logger.log(trl_names(metrics), step=(r - 1) * cfg.steps_per_round + updates[0])
+
+        with record.timed("train"):
+            trainer.train_round(RoundIO(
+                round=r, steps=cfg.steps_per_round, tasks_per_step=cfg.tasks_per_step,
+                group_size=cfg.group_size, sample=sample, rollout=rollout, observe=observe,
+                log=log))
         record.metrics.update(average(step_metrics))
 
     def _evaluate(self, record: RoundRecord, rollouts: Rollouts) -> None:

@@ -226,6 +226,13 @@ MUTATIONS: list[Mutation] = [
     Mutation("grpo-tis-uncapped", "trainers/grpo.py",
              "w = torch.clamp(torch.exp(gap), max=cfg.rollout_is_cap)",
              "w = torch.exp(gap)", ("tests/test_grpo_recipe.py",)),
+    # trainer.backend trl (issue #19): observation tokens and gate-dropped groups must not train.
+    Mutation("trl-env-mask-ignored", "trainers/trl_backend.py",
+             'out["env_mask"].append([int(m) * keep for m in t.loss_mask[cut:]])',
+             'out["env_mask"].append([keep for m in t.loss_mask[cut:]])',
+             ("tests/test_trl_backend.py",)),
+    Mutation("trl-gate-ignored", "trainers/trl_backend.py",
+             "keep = int(t.traj_id in admitted)", "keep = 1", ("tests/test_trl_backend.py",)),
     # Killed only where transformers < 5.25 (`cache=` swallowed): `.venv-lower/bin/python
     # tools/mutate.py --only common-cache`; in .venv (5.25) it is an equivalent mutant.
     Mutation("common-cache-keyword-fixed", "trainers/common.py",

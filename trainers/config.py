@@ -191,6 +191,18 @@ class GRPOUpdateConfig(ExplainedModel):
         return torch.bfloat16 if use else None
 
 
+# Native-trainer options with no counterpart in trl's GRPO loss, and their off values
+# (`trainer.backend: trl` refuses the others; trainers.trl_backend).
+NATIVE_ONLY = {"adam_v_warm_start": False, "kl_guard": None, "cov_penalty": "none",
+               "rollout_correction": "none"}
+
+
+def trl_unsupported(grpo: GRPOUpdateConfig) -> list[str]:
+    """The `grpo.*` keys set to something trl's trainer cannot do, as `key=value` strings."""
+    return [f"grpo.{k}={getattr(grpo, k)!r}" for k, off in NATIVE_ONLY.items()
+            if getattr(grpo, k) != off]
+
+
 class GRPOConfig(GRPOUpdateConfig):
     """Hyper-parameters of the GRPO trainer: the update's, plus the temperature the trajectories
     were sampled at (the loss recomputes log-probs at it, as trl's `GRPOConfig.temperature`)."""
