@@ -338,6 +338,29 @@ def bench_curriculum(
         _fail(str(exc))
 
 
+ingest_app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                         help="Bring rollouts of another trainer into a run's store.")
+app.add_typer(ingest_app, name="ingest")
+
+
+@ingest_app.command("verl-rollouts")
+def ingest_verl_rollouts(
+    dump_dir: Annotated[Path, typer.Argument(
+        metavar="DIR", help="veRL's trainer.rollout_data_dir (one <step>.jsonl per step)")],
+    run_dir: RunDir = Path("runs/quickstart"),
+) -> None:
+    """Ingest veRL's rollout dumps as the next committed round: tasks, trajectories, steps and
+    the failures mined from them (docs/verl.md). Steps ingested before are skipped, so a running
+    job can be ingested again and again."""
+    from sentinel.verl.ingest import IngestError, ingest_dump
+    from task_store import SchemaVersionError, StoreLockedError
+
+    try:
+        typer.echo(ingest_dump(dump_dir, run_dir))
+    except (IngestError, SchemaVersionError, StoreLockedError, ValueError) as exc:
+        _fail(str(exc))
+
+
 def main() -> None:
     app()
 
