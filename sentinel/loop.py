@@ -323,11 +323,6 @@ class Loop:
         step_metrics: list[dict[str, float]] = []
         updates = [0]
 
-        def sample(n: int) -> list[Task]:
-            tasks = self.curriculum.sample(n)
-            record.tasks |= {t.task_id: t for t in tasks if t.task_id not in record.tasks}
-            return tasks
-
         def rollout(tasks: list[Task], samples: int, prefix: str) -> list[Trajectory]:
             fault_point("rollout", r)
             with record.timed("rollout"):
@@ -341,6 +336,10 @@ class Loop:
             updates[0] += 1
             if distributed.is_main():
                 record.trajectories += trajs
+                # Tasks are recorded when rolled out (by any rank), not when drawn: the data
+                # loader draws a batch ahead, and the round's last draw is never trained on.
+                record.tasks |= {t.task_id: self.curriculum.tasks[t.task_id] for t in trajs
+                                 if t.task_id not in record.tasks}
             return admitted, {**self.curriculum.metrics(), **batch_metrics(trajs)}
 
         def log(metrics: dict[str, float]) -> None:
@@ -350,7 +349,8 @@ class Loop:
         with record.timed("train"):
             trainer.train_round(RoundIO(
                 round=r, steps=cfg.steps_per_round, tasks_per_step=cfg.tasks_per_step,
-                group_size=cfg.group_size, sample=sample, rollout=rollout, observe=observe,
+                group_size=cfg.group_size, sample=self.curriculum.sample, rollout=rollout,
+                observe=observe,
                 log=log))
         record.metrics.update(average(step_metrics))
 

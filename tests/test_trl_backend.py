@@ -237,6 +237,8 @@ def test_two_processes_store_both_ranks_and_train_on_mined_tasks(tmp_path: Path)
                  " WHERE split = 'train' GROUP BY ALL ORDER BY ALL")
     # 2 updates x 4 tasks x 4 samples a round, half of the tasks on each rank, each stored once.
     assert per_rank == [(r, rank, 16, 16, 4) for r in (1, 2) for rank in ("0", "1")]
+    assert q("SELECT count(*) FROM trajectories WHERE task_id NOT IN (SELECT task_id FROM tasks)"
+             ) == [(0,)]  # every rank's tasks are stored
     failed_on = q("SELECT DISTINCT regexp_extract(t.group_id, 'p([0-9]+)-', 1) FROM failures f "
                   "JOIN trajectories t USING (traj_id) WHERE f.round = 1 ORDER BY 1")
     assert failed_on == [("0",), ("1",)]  # both ranks' failures were mined
