@@ -20,6 +20,7 @@ from sentinel.verl.reward import compute_score
 from sentinel.verl.version import VersionError, item, read_version
 from task_store import Store
 from tests.verl_helpers import (
+    ENV,
     REWARD,
     arith_family,
     dump_line,
@@ -144,3 +145,24 @@ def test_overrides_plug_sentinel_into_verl(tmp_path: Path) -> None:
     assert values["actor_rollout_ref.rollout.n"] == "8"
     assert values["trainer.total_training_steps"] == "3"
     assert args[-1] == "trainer.n_gpus_per_node=2"  # the user's overrides come last
+
+
+def test_prepare_round_writes_what_verl_reads(tmp_path: Path, family) -> None:
+    from sentinel.verl.round import prepare_round
+
+    tasks = tasks_with_fault(family, 4)
+    command = prepare_round(
+        tmp_path / "run", 2, tasks, env=ENV, reward=REWARD, families={family.name: family},
+        launch=VerlRound(dataset=Path(), rollout_dir=Path(), checkpoint_dir=Path(),
+                         agent_loop_config=Path(), model="m", steps=2, tasks_per_step=2,
+                         group_size=4), python="/venv/bin/python")
+    where = (tmp_path / "run" / "verl" / "round-2").resolve()
+    assert command[:3] == ["/venv/bin/python", "-m", "verl.trainer.main_ppo"]
+    values = dict(a.split("=", 1) for a in command[3:])
+    assert values["data.train_files"] == f"['{where / 'dataset.jsonl'}']"
+    assert values["trainer.rollout_data_dir"] == str(where / "rollouts")
+    version = read_version(where / "dataset.jsonl")
+    assert version.version == 2 and [t["task_id"] for t in version.tasks] == [
+        t.task_id for t in tasks]
+    assert "sentinel.verl.agent_loop.SentinelAgentLoop" in (where / "agent_loops.yaml").read_text()
+    assert (where / "overrides.txt").read_text().split("\n")[0] == "/venv/bin/python"

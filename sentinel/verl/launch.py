@@ -51,6 +51,7 @@ class VerlRound:
     clip_high: float = 0.28
     kl_coef: float = 0.0
     loss_agg_mode: str = "token-mean"
+    micro_batch_size_per_gpu: int = 4
     rollout_name: str = "vllm"
     n_gpus_per_node: int = 1
     nnodes: int = 1
@@ -95,6 +96,9 @@ def overrides(r: VerlRound) -> list[str]:
         f"{rollout}.agent.agent_loop_config_path={r.agent_loop_config}",
         f"{actor}.optim.lr={r.lr}",
         f"{actor}.ppo_mini_batch_size={r.tasks_per_step}",
+        f"{actor}.ppo_micro_batch_size_per_gpu={r.micro_batch_size_per_gpu}",
+        f"{rollout}.log_prob_micro_batch_size_per_gpu={r.micro_batch_size_per_gpu}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={r.micro_batch_size_per_gpu}",
         f"{actor}.clip_ratio_low={r.clip_low}",
         f"{actor}.clip_ratio_high={r.clip_high}",
         f"{actor}.loss_agg_mode={r.loss_agg_mode}",
