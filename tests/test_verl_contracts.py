@@ -227,3 +227,30 @@ def test_agent_loop_masks_observations_and_meets_fault_schedules(
     assert rows == [("wrong_answer", GROUP)]
     _, rows = store.query("SELECT count(*) FROM steps WHERE error_kind = 'timeout'")
     assert rows == [(len(tasks) * GROUP,)]  # each episode met its scheduled fault
+
+
+def test_main_ppo_accepts_the_round_and_stops_only_for_gpus(tmp_path: Path, tiny_dir: Path) -> None:
+    """`run_round` launches veRL's real entry point: its config validation passes, it builds
+    SentinelDataset for both dataloaders and counts the steps, then stops where it allocates GPU
+    workers (on a CPU machine; with CUDA this would train, so it is skipped there)."""
+    import sys
+
+    import torch
+
+    from sentinel.verl.round import VerlRunError, run_round
+    from tests.verl_helpers import ENV, REWARD
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: this check is for where veRL cannot train")
+    family = arith_family()
+    launch = VerlRound(dataset=Path(), rollout_dir=Path(), checkpoint_dir=Path(),
+                       agent_loop_config=Path(), model=str(tiny_dir), steps=1, tasks_per_step=2,
+                       group_size=GROUP, max_prompt_length=256, max_response_length=256)
+    with pytest.raises(VerlRunError, match=r"verl\.log") as info:
+        run_round(tmp_path / "run", 1, tasks_with_fault(family, 2), env=ENV, reward=REWARD,
+                  families={family.name: family}, launch=launch, python=sys.executable,
+                  timeout_s=300)
+    log = Path(str(info.value).rsplit("see ", 1)[1]).read_text()
+    assert "Using dataset class: SentinelDataset" in log
+    assert "Total training steps: 1" in log
+    assert "Total available GPUs 0 is less than total desired GPUs 1" in log

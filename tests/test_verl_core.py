@@ -159,6 +159,7 @@ def test_prepare_round_writes_what_verl_reads(tmp_path: Path, family) -> None:
     where = (tmp_path / "run" / "verl" / "round-2").resolve()
     assert command[:3] == ["/venv/bin/python", "-m", "verl.trainer.main_ppo"]
     values = dict(a.split("=", 1) for a in command[3:])
+    assert values["hydra.run.dir"] == str(where / "hydra")
     assert values["data.train_files"] == f"['{where / 'dataset.jsonl'}']"
     assert values["trainer.rollout_data_dir"] == str(where / "rollouts")
     version = read_version(where / "dataset.jsonl")

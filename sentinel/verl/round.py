@@ -58,7 +58,9 @@ def prepare_round(run_dir: Path, round_: int, tasks: list[Task], *, env: EnvConf
                      checkpoint_dir=where / "checkpoints",
                      agent_loop_config=agent_loop_config(where / "agent_loops.yaml"),
                      experiment_name=f"{Path(run_dir).name}-round-{round_}")
-    command = [python, "-m", "verl.trainer.main_ppo", *overrides(launch)]
+    # Hydra's own output (config, log) goes to the round's folder, not to the caller's cwd.
+    command = [python, "-m", "verl.trainer.main_ppo", f"hydra.run.dir={where / 'hydra'}",
+               *overrides(launch)]
     (where / "overrides.txt").write_text("\n".join(command) + "\n", encoding="utf-8")
     return command
 
