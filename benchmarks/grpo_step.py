@@ -27,9 +27,16 @@ increase during a step of the alternating run over the RSS at its start (a psuti
 every 5 ms); in one process the allocator reuses what the other side freed, so read it as "new
 memory this step needed", not as a footprint.
 
-Run: `.venv/bin/python benchmarks/grpo_step.py [--steps 3] [--warmup 1] [--threads 1]`. The last
-line is `speedup: N.NN` (trl's seconds per step / Sentinel's). Not a test: it prints, asserts
-nothing.
+Then Sentinel's own two trainer backends on equal work (`trainer.backend: trl` against the native
+trainer, issue #19): `trainers.trl_backend.TRLTrainer.train_round` (trl's `GRPOTrainer` with
+Sentinel's rollouts as its `rollout_func`: the same `HFBackend` sampling of the same 16 tasks x 8,
+the reward as the `outcome` term) against `SentinelStep`, alternating: each trl-backend step is
+timed from the start of its sampling to the start of the next batch's (its update and trl's
+per-step overhead included), and one native step runs in between, untimed for trl.
+
+Run: `.venv/bin/python benchmarks/grpo_step.py [--steps 3] [--warmup 1] [--threads 1]`. Its lines
+`speedup: N.NN` (trl's seconds per step / Sentinel's) and `trl-backend/native: N.NN` (the trl
+backend's seconds per step / the native trainer's). Not a test: it prints, asserts nothing.
 """
 
 from __future__ import annotations
@@ -216,6 +223,66 @@ def alternate(trl_trainer: Any, sentinel_step: Callable[[], int], total: int) ->
     return rows
 
 
+def trl_backend_rows(model_dir: Path, seed: int, total: int,
+                     native: Callable[[], int]) -> dict[str, list[float]]:
+    """`total` steps of the trl backend (`TRLTrainer.train_round`) on the benchmark's 16 tasks,
+    one native step run between each two; seconds per step of each."""
+    from sentinel.env.chat import ChatFormat
+    from sentinel.policy import load_policy
+    from sentinel.rollout.hf import HFBackend
+    from sentinel.tasks import load_family
+    from sentinel.types import Trajectory
+    from trainers import GRPOConfig
+    from trainers.trl_backend import RoundIO, TRLTrainer
+
+    family = load_family(
+        "arith", {"min_operands": 2, "max_operands": 4, "max_value": 20, "instruction": ""}
+    )
+    rng = random.Random(seed)
+    tasks = [family.make_task(family.sample_spec(rng)) for _ in range(PROMPTS)]
+    model, tokenizer = load_policy(model_dir)
+    backend = HFBackend(model, tokenizer, batch_size=PROMPTS * GROUP)
+    chat = ChatFormat(tokenizer)
+    contexts = {t.task_id: chat.prompt_ids(family.render(t.spec), None) for t in tasks}
+    cfg = GRPOConfig(lr=LR, temperature=TEMPERATURE, loss_agg="token-mean",
+                     micro_batch_size=PROMPTS * GROUP, max_completion_tokens=MAX_NEW)
+    trainer = TRLTrainer(model, tokenizer, cfg, max_completion_tokens=MAX_NEW,
+                         reward_weights={"outcome": 1.0, "format": 0.0, "process": 0.0},
+                         seed=0, output_dir=tempfile.mkdtemp(prefix="trl-backend-bench-"),
+                         reference_dir=None)
+    rows: dict[str, list[float]] = {"trl-backend": [], "native": []}
+    started: list[float] = []
+
+    def rollout(batch: list[Any], group: int, prefix: str) -> list[Trajectory]:
+        if started:
+            rows["trl-backend"].append(time.perf_counter() - started[-1])
+        t0 = time.perf_counter()
+        native()
+        rows["native"].append(time.perf_counter() - t0)
+        started.append(time.perf_counter())
+        ctxs = [contexts[t.task_id] for t in batch for _ in range(group)]
+        outs = backend.sample(ctxs, [MAX_NEW] * len(ctxs), temperature=TEMPERATURE,
+                              greedy=False)
+        trajs = []
+        for i, (ctx, (ids, logprobs)) in enumerate(zip(ctxs, outs, strict=True)):
+            task = batch[i // group]
+            score = digit_share(tokenizer.decode(ids))
+            trajs.append(Trajectory(
+                task_id=task.task_id, messages=[], token_ids=ctx + ids,
+                loss_mask=[0] * len(ctx) + [1] * len(ids), logprobs=[0.0] * len(ctx) + logprobs,
+                steps=[], finish_reason="stop", group_id=f"{prefix}-{task.task_id}",
+                sample_idx=i % group, reward=score,
+                reward_terms={"outcome": score, "format": 0.0, "process": 0.0}))
+        return trajs
+
+    # One step more than measured: the last one's end is not a next batch's start.
+    trainer.train_round(RoundIO(round=1, steps=total + 1, tasks_per_step=PROMPTS,
+                                group_size=GROUP, sample=lambda n: tasks[:n], rollout=rollout,
+                                observe=lambda b: ({t.traj_id for t in b}, {}),
+                                log=lambda m: None))
+    return {side: times[:total] for side, times in rows.items()}
+
+
 def peak_rss_alone(side: str, model_dir: Path) -> float:
     """Peak RSS (MiB) of a fresh process that runs two steps of `side` only."""
     out = subprocess.run(
@@ -282,6 +349,15 @@ def main() -> None:
             f"step +RSS {grew:5.0f} MiB"
         )
     print(f"speedup: {per_step['trl'] / per_step['sentinel']:.2f}")
+
+    torch.manual_seed(0)
+    native = SentinelStep(model_dir, prompts)
+    backends = trl_backend_rows(model_dir, seed=0, total=total, native=native)
+    means = {side: statistics.mean(t[args.warmup :]) for side, t in backends.items()}
+    for side, times in backends.items():
+        print(f"{side:11s} {means[side]:6.2f} s/step (min {min(times[args.warmup:]):.2f})  "
+              "Sentinel loop's trainer backends, same sampler and tasks")
+    print(f"trl-backend/native: {means['trl-backend'] / means['native']:.2f}")
 
 
 if __name__ == "__main__":
