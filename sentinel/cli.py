@@ -85,7 +85,7 @@ def loop(
     except (OSError, StoreLockedError) as exc:
         _fail(f"{exc}\nthe interrupted round was not stored; once the cause is fixed, continue "
               f"with: sentinel loop --resume --run-dir {run_dir}")
-    from sentinel import distributed
+    from trainers import distributed
 
     if not distributed.is_main():  # under a launcher rank 0 reports
         return

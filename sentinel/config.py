@@ -162,13 +162,36 @@ class RolloutConfig(Section):
         return v
 
 
+class VerlOptions(Section):
+    """`trainer.backend: verl`: how each round's veRL job is launched (docs/verl.md)."""
+
+    python: str = Field(".venv-verl/bin/python", description="the interpreter of veRL's "
+                        "environment, with Sentinel installed in it (`make verl-env`)")
+    rollout: Literal["vllm", "sglang"] = Field("vllm", description="veRL's rollout server "
+                                               "(actor_rollout_ref.rollout.name)")
+    n_gpus_per_node: int = Field(1, ge=1, description="veRL's trainer.n_gpus_per_node")
+    nnodes: int = Field(1, ge=1, description="veRL's trainer.nnodes")
+    max_prompt_length: int = Field(512, ge=1, description="veRL's data.max_prompt_length")
+    max_response_length: int | None = Field(None, ge=1, description="veRL's "
+                                            "data.max_response_length (null: env.max_tokens)")
+    micro_batch_size_per_gpu: int = Field(4, ge=1, description="veRL's actor / log-prob "
+                                          "micro-batch per GPU")
+    timeout_s: float | None = Field(None, gt=0, description="limit on one round's veRL job "
+                                    "(null: none)")
+    overrides: list[str] = Field(default_factory=list, description="further Hydra overrides "
+                                 "of main_ppo, applied last")
+
+
 class TrainerConfig(Section):
     """Who runs the GRPO phase of a round (docs/scale-out.md)."""
 
-    backend: Literal["sentinel", "trl"] = Field(
+    backend: Literal["sentinel", "trl", "verl"] = Field(
         "sentinel", description="sentinel: the native GRPO trainer (one process); trl: trl's "
         "GRPOTrainer (several processes under torchrun / accelerate launch), fed by Sentinel's "
-        "curriculum, environment and reward")
+        "curriculum, environment and reward; verl: one `python -m verl.trainer.main_ppo` job "
+        "per round, fed a dataset version of the curriculum, its rollouts ingested")
+    verl: VerlOptions = Field(default_factory=VerlOptions, description="trainer.backend verl: "
+                              "the job's launch")
 
     @field_validator("backend")
     @classmethod

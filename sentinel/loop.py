@@ -24,12 +24,13 @@ failures would leak the test set into training).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from sentinel import distributed
 from sentinel.analyzer import FailureAnalyzer
 from sentinel.config import SentinelConfig
 from sentinel.curriculum import Curriculum
@@ -43,6 +44,7 @@ from sentinel.run_dir import RunDir, fault_point
 from sentinel.tasks.mixture import TaskMixture
 from sentinel.types import Task, Trajectory, new_id
 from task_store import Store
+from trainers import distributed
 
 __all__ = ["Loop", "LoopError", "RoundRecord", "fault_point"]
 
@@ -51,6 +53,20 @@ REFERENCE_DIR = "reference"  # trainer.backend trl, beta > 0: the cold-started p
 
 class LoopError(RuntimeError):
     """A run that cannot start or continue as asked; the message says why."""
+
+
+@contextmanager
+def _verl_errors(round: int) -> Iterator[None]:
+    """A veRL job that failed (trainer.backend verl) as a `LoopError` saying what to do."""
+    try:
+        yield
+    except RuntimeError as exc:
+        from sentinel.verl.round import VerlRunError
+
+        if not isinstance(exc, VerlRunError):
+            raise
+        raise LoopError(f"{exc}\nround {round} was not stored; once the cause is fixed, "
+                        "continue with: sentinel loop --resume --run-dir <run-dir>") from None
 
 
 class Loop:
@@ -98,6 +114,12 @@ class Loop:
                             "trainer.backend: trl (docs/scale-out.md)")
         if not distributed.is_main():
             return self._follow()
+        if self.config.trainer.backend == "verl":  # before the store, like the policy check
+            from sentinel.verl.round import verl_missing_reason
+
+            reason = verl_missing_reason(self.config.trainer.verl.python)
+            if reason:
+                raise LoopError(reason)
         try:  # before the store is opened: a policy that cannot load leaves nothing behind
             check_policy_source(self.config.policy.model)
         except ValueError as exc:
@@ -230,6 +252,10 @@ class Loop:
     def _new_trainer(self, model: Any, tokenizer: Any) -> Any:
         cfg = self.config
         steps = cfg.rounds * cfg.batch.steps_per_round * cfg.grpo.num_iterations
+        if cfg.trainer.backend == "verl":
+            from sentinel.verl.round import VerlTrainer
+
+            return VerlTrainer(model, self.run_dir.path, cfg, self.families)
         if cfg.trainer.backend == "trl":
             from trainers.trl_backend import TRLTrainer
 
@@ -346,7 +372,7 @@ class Loop:
             step_metrics.append(metrics)
             logger.log(trl_names(metrics), step=(r - 1) * cfg.steps_per_round + updates[0])
 
-        with record.timed("train"):
+        with record.timed("train"), _verl_errors(r):
             trainer.train_round(RoundIO(
                 round=r, steps=cfg.steps_per_round, tasks_per_step=cfg.tasks_per_step,
                 group_size=cfg.group_size, sample=self.curriculum.sample, rollout=rollout,

@@ -88,6 +88,8 @@ BAD_CONFIGS: dict[str, tuple[list[str], str, str]] = {
     "clip epsilon of 1": (["grpo.epsilon_low=1"], "grpo.epsilon_low",
                           "less than 1: the lower clip bound 1 - epsilon_low must stay positive"),
     "zero turns": (["env.max_turns=0"], "env.max_turns", ">= 1"),
+    "trl with a native-only option": (["trainer.backend=trl", "grpo.kl_guard=0.05"],
+                                      "trainer.backend", "cannot do grpo.kl_guard=0.05"),
 }
 
 

@@ -254,3 +254,34 @@ def test_main_ppo_accepts_the_round_and_stops_only_for_gpus(tmp_path: Path, tiny
     assert "Using dataset class: SentinelDataset" in log
     assert "Total training steps: 1" in log
     assert "Total available GPUs 0 is less than total desired GPUs 1" in log
+
+
+def test_the_loop_runs_a_verl_round_up_to_verls_gpu_check(tmp_path: Path) -> None:
+    """`sentinel loop` with trainer.backend verl: round 0 (cold start) commits; round 1 draws
+    steps x tasks_per_step tasks from the curriculum into a dataset version and launches veRL's
+    main_ppo on the loop's saved policy, which gets as far as a CPU machine allows; the failure
+    is a LoopError naming the job's log, and round 1 is not stored."""
+    import sys
+
+    import torch
+
+    from sentinel.config import load_config
+    from sentinel.loop import Loop, LoopError
+    from sentinel.verl.version import read_version
+    from tests.verl_helpers import loop_config
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: this check is for where veRL cannot train")
+    run = tmp_path / "run"
+    with pytest.raises(LoopError, match=r"veRL round 1 exited .* see .*verl\.log") as info:
+        Loop(load_config(data=loop_config(sys.executable)), run).run()
+    assert "sentinel loop --resume" in str(info.value)
+    assert Store(run / "sentinel.duckdb").completed_rounds() == [0]
+    round_dir = run / "verl" / "round-1"
+    version = read_version(round_dir / "dataset.jsonl")
+    assert len(version.tasks) == 2 * 2  # steps_per_round x tasks_per_step
+    command = (round_dir / "overrides.txt").read_text()
+    assert f"actor_rollout_ref.model.path={(run / 'policy').resolve()}" in command
+    log = (round_dir / "verl.log").read_text()
+    assert "Using dataset class: SentinelDataset" in log
+    assert "Total available GPUs 0 is less than total desired GPUs 1" in log

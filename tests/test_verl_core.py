@@ -167,3 +167,16 @@ def test_prepare_round_writes_what_verl_reads(tmp_path: Path, family) -> None:
         t.task_id for t in tasks]
     assert "sentinel.verl.agent_loop.SentinelAgentLoop" in (where / "agent_loops.yaml").read_text()
     assert (where / "overrides.txt").read_text().split("\n")[0] == "/venv/bin/python"
+
+
+def test_the_loop_refuses_verl_without_its_environment(tmp_path: Path) -> None:
+    """trainer.backend verl with an interpreter that is not there: a LoopError naming the key and
+    `make verl-env`, before the store or the cold start."""
+    from sentinel.config import load_config
+    from sentinel.loop import Loop, LoopError
+    from tests.verl_helpers import loop_config
+
+    cfg = load_config(data=loop_config(str(tmp_path / "no-such-python")))
+    with pytest.raises(LoopError, match=r"trainer\.verl\.python .* `make verl-env`"):
+        Loop(cfg, tmp_path / "run").run()
+    assert not (tmp_path / "run" / "sentinel.duckdb").exists()

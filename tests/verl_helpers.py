@@ -67,3 +67,20 @@ def dump_line(result: dict[str, Any], *, step: int, ground_truth: str) -> dict[s
     gts, score, step, then every reward_extra_info key."""
     return {"input": "prompt text", "output": "response text", "gts": ground_truth,
             "score": result["score"], "step": step, **result}
+
+
+def loop_config(python: str, **over: Any) -> dict[str, Any]:
+    """A 1-round loop on the tiny policy with `trainer.backend: verl` run by `python`."""
+    return {
+        "seed": 3, "rounds": 1,
+        "policy": {"tiny": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                            "num_attention_heads": 4}},
+        "families": [{"type": "arith", "max_operands": 2, "instruction": ""}],
+        "env": {"max_turns": 2, "max_tokens": 96, "max_turn_tokens": 24},
+        "sft": {"steps": 4, "batch_size": 4, "num_examples": 8},
+        "trainer": {"backend": "verl", "verl": {"python": python, "timeout_s": 300,
+                                                "max_prompt_length": 256}},
+        "batch": {"steps_per_round": 2, "tasks_per_step": 2, "group_size": 2},
+        "eval": {"num_tasks": 2, "samples": 1, "greedy": False},
+        "generators": [],
+    } | over

@@ -167,7 +167,7 @@ class TRLTrainer:
     def trl_args(self, io: RoundIO) -> Any:
         from trl import GRPOConfig as TRLConfig
 
-        from sentinel import distributed
+        from trainers import distributed
 
         cfg, n = self.config, self.world_size
         if io.tasks_per_step % n:
@@ -242,7 +242,7 @@ class TRLTrainer:
     def check_in_sync(self) -> None:
         """Raise if the ranks' weights differ after a round (trl's collectives keep them equal;
         a rank that trained alone would silently fork the policy)."""
-        from sentinel import distributed
+        from trainers import distributed
 
         with torch.no_grad():
             sums = distributed.all_gather(
@@ -291,7 +291,7 @@ class TRLTrainer:
     def _rollout(self, prompts: list[str], io: RoundIO, state: dict[str, Any]) -> dict[str, Any]:
         """trl's rollout_func: `prompts` are this rank's task ids, each repeated group_size times
         in a row."""
-        from sentinel import distributed
+        from trainers import distributed
 
         state["flush"]()  # the previous batch's update is done
         g = io.group_size

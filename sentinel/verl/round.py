@@ -17,6 +17,7 @@ import os
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from sentinel.env.environment import EnvConfig
 from sentinel.rewards import RewardConfig
@@ -82,3 +83,74 @@ def run_round(run_dir: Path, round_: int, tasks: list[Task], *, env: EnvConfig,
     dump = read_dump(where / "rollouts", round_)
     return RoundResult(round=round_, dump=dump, command=command,
                        model_dir=hf_model_dir(where / "checkpoints", launch.steps))
+
+
+def verl_missing_reason(python: str) -> str | None:
+    """Why `python` cannot run a veRL round (missing, or veRL / Sentinel's agent loop do not
+    import there), or None."""
+    if not Path(python).exists():
+        return (f"trainer.verl.python {python!r} does not exist: build veRL's environment with "
+                "`make verl-env` (or point it at an interpreter with verl 0.9 and Sentinel)")
+    probe = subprocess.run([python, "-c", "import verl, sentinel.verl.agent_loop"],
+                           capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"trainer.verl.python {python!r} cannot import veRL and Sentinel: {last}"
+    return None
+
+
+LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
+            "dr_grpo": "seq-mean-token-sum-norm"}
+
+
+class VerlTrainer:
+    """`trainer.backend: verl` behind the loop's round seam (`train_round`, like the trl
+    backend): each round draws `steps_per_round x tasks_per_step` tasks from the curriculum
+    into a dataset version, runs one veRL job on it from the loop's current policy (saved in
+    `<run-dir>/policy`), reads its rollout dump back (every trajectory through `io.observe`,
+    so the loop mines and commits them as always) and loads the weights veRL saved into the
+    loop's model, which evaluation, probes and the next round start from.
+
+    veRL's optimizer state does not carry over from round to round (each job starts fresh from
+    the saved weights); `state_dict` therefore holds nothing but the backend's name."""
+
+    def __init__(self, model: Any, run_dir: Path, config: Any, families: dict[str, TaskFamily]
+                 ) -> None:
+        self.model, self.run_dir = model, Path(run_dir)
+        self.config, self.families = config, families
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"backend": "verl"}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("backend") != "verl":
+            raise ValueError("the checkpoint was written by another trainer backend; resume with "
+                             "the config of the checkpoint (trainer.backend)")
+
+    def launch(self, io: Any) -> VerlRound:
+        cfg, v = self.config, self.config.trainer.verl
+        return VerlRound(
+            dataset=Path(), rollout_dir=Path(), checkpoint_dir=Path(), agent_loop_config=Path(),
+            model=str((self.run_dir / "policy").resolve()), steps=io.steps,
+            tasks_per_step=io.tasks_per_step, group_size=io.group_size,
+            max_prompt_length=v.max_prompt_length,
+            max_response_length=v.max_response_length or cfg.env.max_tokens,
+            temperature=cfg.rollout.temperature, lr=cfg.grpo.lr,
+            clip_low=cfg.grpo.epsilon_low, clip_high=cfg.grpo.epsilon_high,
+            kl_coef=cfg.grpo.beta, loss_agg_mode=LOSS_AGG[cfg.grpo.loss_agg],
+            micro_batch_size_per_gpu=v.micro_batch_size_per_gpu, rollout_name=v.rollout,
+            n_gpus_per_node=v.n_gpus_per_node, nnodes=v.nnodes, extra=list(v.overrides))
+
+    def train_round(self, io: Any) -> None:
+        from transformers import AutoModelForCausalLM
+
+        cfg = self.config
+        tasks = [t for _ in range(io.steps) for t in io.sample(io.tasks_per_step)]
+        result = run_round(self.run_dir, io.round, tasks, env=cfg.env, reward=cfg.reward,
+                           families=self.families, launch=self.launch(io),
+                           python=cfg.trainer.verl.python, timeout_s=cfg.trainer.verl.timeout_s)
+        _, metrics = io.observe(result.dump.trajectories)
+        trained = AutoModelForCausalLM.from_pretrained(result.model_dir)
+        self.model.load_state_dict(trained.state_dict())
+        self.model.eval()
+        io.log({**metrics, "verl/steps": float(len(result.dump.steps))})
