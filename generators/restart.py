@@ -19,6 +19,13 @@ Mining, per failure (`Failure.first_error_step`, the trajectory from `ctx.trajec
   skipped, unless it met a fault there (`mutate` and `fault` cover the rest); so is one without a
   first error step or trajectory, or one whose prefix is longer than `max_prefix_turns`.
 
+Partial reveals (`reveal` > 0, AdaBack): each mined task also carries a hint, the first `reveal`
+share of the reference's next turn from its start state (`sentinel.tasks.prefix`), which the
+environment appends as context and the policy's first turn continues; the group's signal then sits
+on the rest of that one turn (the arguments of a remedy call, the operands of a re-issued call).
+A solved task with a hint is proposed again with the hint halved, and without one once it would
+be shorter than `min_hint`; then the prefix shrinks as above.
+
 Failed tasks are visited as `mutate` visits them (biggest failure cluster first, round-robin), at
 most `per_failure` distinct prefixes per task, each carrying the ids of the failures that gave it.
 
@@ -36,6 +43,7 @@ few), then mined ones.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -64,6 +72,13 @@ class RestartConfig(GeneratorConfig):
     max_prefix_turns: int = Field(
         8, ge=1, description="longest prefix proposed, in assistant turns; failures whose first "
                              "error comes later are skipped")
+    reveal: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="AdaBack's partial reveal: the share of the reference's next turn (from the "
+                    "start state) given as the task's hint, the revealed start of the policy's "
+                    "turn; a solved task is proposed again with its hint halved (shorter than "
+                    "min_hint: none). 0: whole turns only")
+    min_hint: int = Field(8, ge=1, description="shortest hint proposed, in characters")
 
 
 def met_fault(step: Step, task: Task) -> bool:
@@ -114,11 +129,37 @@ class RestartGenerator(BaseGenerator):
         for task_id in sorted(pool):
             task = pool[task_id]
             solved = task_id in mastered or rates.get(task_id, 0.0) > self.config.shrink_above
-            if (task.prefix and task.family in ctx.families and task_id in rates and solved
-                    and claim(proposed, task.family, {"spec": task.spec,
-                                                      "prefix": task.prefix[:-1]})):
-                yield Candidate(family=task.family, spec=task.spec, prefix=task.prefix[:-1],
+            if not ((task.prefix or task.hint) and task.family in ctx.families
+                    and task_id in rates and solved):
+                continue
+            # A hint shrinks first (halved, then gone), then the prefix, a turn at a time.
+            if task.hint:
+                prefix, hint = task.prefix, self._halved(task.hint)
+            else:
+                prefix, hint = task.prefix[:-1], ""
+            if claim(proposed, task.family, {"spec": task.spec, "prefix": prefix, "hint": hint}):
+                yield Candidate(family=task.family, spec=task.spec, prefix=prefix, hint=hint,
                                 parent_task_id=task.task_id, failure_ids=list(task.failure_ids))
+
+    def _halved(self, hint: str) -> str:
+        half = hint[: len(hint) // 2]
+        return half if len(half) >= self.config.min_hint else ""
+
+    def _hint(self, ctx: GenerationContext, task: Task, prefix: list[str]) -> str:
+        """The first `reveal` share of the reference's next turn from the state `prefix`
+        reaches ("" when reveal is off, too short, or there is no reference from there)."""
+        if self.config.reveal <= 0 or ctx.replay is None or task.family not in ctx.families:
+            return ""
+        from sentinel.tasks.prefix import reference_continuation
+
+        start = dataclasses.replace(task, prefix=list(prefix), hint="", task_id="")
+        try:
+            turns = reference_continuation(ctx.families[task.family], start, ctx.replay.chat,
+                                           ctx.replay.parser, ctx.replay.env)
+        except Exception:  # no reference from this state: whole turns only
+            return ""
+        hint = turns[0][: int(len(turns[0]) * self.config.reveal)] if turns else ""
+        return hint if len(hint) >= self.config.min_hint else ""
 
     def _mined(self, ctx: GenerationContext, proposed: set[str]) -> list[list[Candidate]]:
         """Per failed task (in `failed_tasks` order), its candidates: distinct prefixes in the
@@ -133,10 +174,13 @@ class RestartGenerator(BaseGenerator):
                     by_prefix.setdefault(tuple(prefix), []).append(failure.failure_id)
             queue: list[Candidate] = []
             for prefix, ids in by_prefix.items():
-                if len(queue) < self.config.per_failure and claim(
-                        proposed, task.family, {"spec": task.spec, "prefix": list(prefix)}):
+                if len(queue) >= self.config.per_failure:
+                    break
+                hint = self._hint(ctx, task, list(prefix))
+                if claim(proposed, task.family,
+                         {"spec": task.spec, "prefix": list(prefix), "hint": hint}):
                     queue.append(Candidate(family=task.family, spec=task.spec,
-                                           prefix=list(prefix), parent_task_id=task.task_id,
-                                           failure_ids=ids))
+                                           prefix=list(prefix), hint=hint,
+                                           parent_task_id=task.task_id, failure_ids=ids))
             queues.append(queue)
         return queues

@@ -102,6 +102,8 @@ def _field_problem(candidate: Candidate) -> str | None:
         isinstance(t, str) for t in candidate.prefix
     ):
         return "prefix must be a list of str (assistant turn texts)"
+    if not isinstance(getattr(candidate, "hint", ""), str):
+        return "hint must be a str (the revealed start of the next turn)"
     return None
 
 
@@ -174,10 +176,12 @@ def _build(
             return reject("unverifiable", f"the verifier refuses its own answer {task.answer!r}")
     except Exception as exc:  # recorded; see the module docstring
         return reject("unverifiable", f"verify raised {describe(exc)}")
-    if not candidate.prefix:
+    hint = getattr(candidate, "hint", "")
+    if not candidate.prefix and not hint:
         return task
-    task = dataclasses.replace(task, prefix=list(candidate.prefix), task_id="")
-    shown = f" (prefix of {len(task.prefix)} turns: {canonical_json(task.prefix)})"
+    task = dataclasses.replace(task, prefix=list(candidate.prefix), hint=hint, task_id="")
+    shown = f" (prefix of {len(task.prefix)} turns: {canonical_json(task.prefix)}" + (
+        f", hint {hint!r})" if hint else ")")
     if replay is None:
         return reject("bad_prefix", "no environment to replay the prefix in" + shown)
     try:

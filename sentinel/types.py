@@ -45,16 +45,19 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def task_id_for(family: str, spec: dict[str, Any], prefix: list[str] | None = None) -> str:
-    """Content address of a task: the same family, spec and prefix always give the same id.
+def task_id_for(family: str, spec: dict[str, Any], prefix: list[str] | None = None,
+                hint: str = "") -> str:
+    """Content address of a task: the same family, spec, prefix and hint always give the same id.
 
     A task with an empty prefix hashes exactly as before prefixes existed (family and spec only),
     so stored ids stay stable; a non-empty prefix is part of the key, so the same spec started
-    from another revealed state is another task.
+    from another revealed state is another task; so is a non-empty hint.
     """
     key = f"{family}\x00{canonical_json(spec)}"
     if prefix:
         key += f"\x00{canonical_json(list(prefix))}"
+    if hint:
+        key += f"\x00hint\x00{hint}"
     return f"{family}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
 
 
@@ -74,7 +77,10 @@ class Task:
     environment replays right after the prompt, tools really called, before the policy continues
     (a revealed start state, as the `restart` generator mines them from failed rollouts): those
     turns are context, never trained on (loss mask 0), and count towards the episode's turn and
-    token limits."""
+    token limits. `hint` (empty for most tasks) is the revealed start of the policy's first own
+    turn after them (AdaBack's partial reveal: the beginning of the reference's next turn, as the
+    `restart` generator's `reveal` makes it): appended as context (mask 0), and the policy's turn
+    continues it; the turn is parsed as hint + what the policy wrote."""
 
     family: str
     spec: dict[str, Any]
@@ -91,10 +97,11 @@ class Task:
     probe_pass_rate: float | None = None
     prefix: list[str] = field(default_factory=list)
     task_id: str = ""
+    hint: str = ""
 
     def __post_init__(self) -> None:
         if not self.task_id:
-            self.task_id = task_id_for(self.family, self.spec, self.prefix)
+            self.task_id = task_id_for(self.family, self.spec, self.prefix, self.hint)
 
     def to_row(self) -> dict[str, Any]:
         """The store's row: JSON text for `spec`, `prompt` and `prefix` (None when empty)."""
@@ -102,6 +109,7 @@ class Task:
         row["spec"] = canonical_json(self.spec)
         row["prompt"] = json.dumps(self.prompt, ensure_ascii=False)
         row["prefix"] = json.dumps(self.prefix, ensure_ascii=False) if self.prefix else None
+        row["hint"] = self.hint or None
         return row
 
     @classmethod
@@ -114,6 +122,7 @@ class Task:
         data["failure_ids"] = list(data.get("failure_ids") or [])
         prefix = data.get("prefix")
         data["prefix"] = list(json.loads(prefix) if isinstance(prefix, str) else prefix or [])
+        data["hint"] = data.get("hint") or ""
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -234,7 +243,8 @@ class Candidate:
 
     `answer` is the generator's claim; when given, the validation pipeline checks it against the
     family's reference solution and rejects the candidate when they differ. `prefix` is the
-    task's revealed start state (`Task.prefix`); the pipeline replays it before accepting it.
+    task's revealed start state (`Task.prefix`, and `Task.hint`, the revealed start of the next
+    turn); the pipeline replays it before accepting it.
     """
 
     family: str
@@ -243,6 +253,7 @@ class Candidate:
     parent_task_id: str | None = None
     failure_ids: list[str] = field(default_factory=list)
     prefix: list[str] = field(default_factory=list)
+    hint: str = ""
 
 
 @dataclass

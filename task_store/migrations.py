@@ -85,6 +85,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE steps ADD COLUMN revealed BOOLEAN",
         "UPDATE steps SET revealed = false",
     ),
+    # Tasks whose first policy turn starts with a revealed part (`tasks.hint`).
+    5: ("ALTER TABLE tasks ADD COLUMN hint VARCHAR",),
 }
 
 

@@ -14,7 +14,7 @@ upgrade) so the plain `duckdb` CLI sees them too.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "meta": (("key", "VARCHAR"), ("value", "VARCHAR")),
@@ -55,6 +55,7 @@ COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
         ("target_cluster_id", "VARCHAR"),  # v2: failure cluster a generated task aims at
         ("probe_pass_rate", "DOUBLE"),  # v2: policy pass rate measured by the difficulty probe
         ("prefix", "JSON"),  # v5: revealed start state, assistant turn texts (NULL: none)
+        ("hint", "VARCHAR"),  # v6: revealed start of the policy's first turn (NULL: none)
     ),
     "trajectories": (
         ("traj_id", "VARCHAR"),

@@ -38,6 +38,7 @@ def task_row(n: int, origin: str = "seed", created_round: int = 0) -> dict[str, 
         "probe_pass_rate": None,
         "prefix": None,
         "task_id": f"arith-{n:016d}",
+        "hint": None,
     }
 
 

@@ -233,6 +233,15 @@ MUTATIONS: list[Mutation] = [
              ("tests/test_trl_backend.py",)),
     Mutation("trl-gate-ignored", "trainers/trl_backend.py",
              "keep = int(t.traj_id in admitted)", "keep = 1", ("tests/test_trl_backend.py",)),
+    # Partial reveals (Task.hint, restart's `reveal`): the policy's turn parsed with the hint,
+    # the hint halved when solved, the hint part of the task id.
+    Mutation("env-hint-not-parsed", "sentinel/env/environment.py",
+             "whole, self._hint_ids = self._hint_ids + ids, []", "whole, self._hint_ids = ids, []",
+             ("tests/test_hint.py",)),
+    Mutation("restart-hint-not-halved", "generators/restart.py",
+             "half = hint[: len(hint) // 2]", "half = hint", ("tests/test_hint.py",)),
+    Mutation("types-hint-not-in-id", "sentinel/types.py",
+             'key += f"\\x00hint\\x00{hint}"', "pass", ("tests/test_hint.py",)),
     # Killed only where transformers < 5.25 (`cache=` swallowed): `.venv-lower/bin/python
     # tools/mutate.py --only common-cache`; in .venv (5.25) it is an equivalent mutant.
     Mutation("common-cache-keyword-fixed", "trainers/common.py",

@@ -82,6 +82,7 @@ class Episode:
         self.finish_reason = "max_turns"
         self.answer: str | None = None
         self.prefix_problem: str | None = None
+        self._hint_ids: list[int] = []
         for i, text in enumerate(task.prefix):
             ids = chat.assistant_ids(text)
             self._add_turn(ids, [0.0] * len(ids), revealed=True)
@@ -90,6 +91,16 @@ class Episode:
                     f"replaying prefix turn {i + 1} of {len(task.prefix)} ended the episode "
                     f"({self.finish_reason}); nothing is left for the policy")
                 break
+        # The revealed start of the policy's first turn (`Task.hint`): context (mask 0) that the
+        # policy's turn continues; the turn is parsed with it.
+        if task.hint and not self.done:
+            self._hint_ids = chat.encode(task.hint)
+            self.token_ids += self._hint_ids
+            self.loss_mask += [0] * len(self._hint_ids)
+            self.logprobs += [0.0] * len(self._hint_ids)
+            if self.turn_budget() < 1:
+                self.prefix_problem = "the hint leaves no token budget for the policy's turn"
+                self._finish("max_tokens")
 
     def turn_budget(self) -> int:
         """How many tokens the next turn may have (0 when the episode is over)."""
@@ -149,7 +160,10 @@ class Episode:
         self.token_ids += ids
         self.loss_mask += [0 if revealed else 1] * len(ids)
         self.logprobs += [0.0] * len(ids) if revealed else list(logprobs)
-        text = self.chat.decode(ids[:-1] if ended_with_eos else ids)
+        whole = ids
+        if not revealed and self._hint_ids:  # the policy continued the revealed hint
+            whole, self._hint_ids = self._hint_ids + ids, []
+        text = self.chat.decode(whole[:-1] if ended_with_eos else whole)
         self.messages.append({"role": "assistant", "content": text})
         self.turns += 1
         turn = self.parser.parse(text)

@@ -199,12 +199,19 @@ class TaskFamily(ABC):
         exactly the tokens a policy would have produced; the SFT cold start trains on them.
         `chat`, `parser`, `env`: a `ChatFormat`, a tool-call parser and an `EnvConfig`.
         A task with a prefix: the prefix replayed (mask 0), then the reference continuation from
-        the state it reached (mask 1; the rule: `sentinel.tasks.prefix`)."""
+        the state it reached (mask 1; the rule: `sentinel.tasks.prefix`). With a hint, the
+        continuation's first turn must start with it: the hint is context (mask 0), the rest of
+        that turn the first trained tokens."""
         from sentinel.env.environment import replay
         from sentinel.tasks.prefix import reference_continuation
 
         turns = (reference_continuation(self, task, chat, parser, env) if task.prefix
                  else self.solve(task.spec, self.tool_map(task.spec)).assistant_turns())
+        if task.hint:  # revealed already: the policy's first turn is the rest of the reference's
+            if not turns or not turns[0].startswith(task.hint):
+                raise ValueError(f"the hint {task.hint!r} is not the start of the reference's "
+                                 f"next turn {turns[0] if turns else None!r}")
+            turns = [turns[0][len(task.hint):], *turns[1:]]
         return replay(task, turns, self.tool_map(task.spec), chat, parser, env,
                       follow_ups=self.follow_up_turns(task.spec))
 
