@@ -252,6 +252,12 @@ class CurriculumConfig(Section):
         1.0, gt=0, description="weighting: learnability: Beta prior pseudo-count on each side "
         "of a pass rate, p = (successes + a) / (attempts + 2a)",
         json_schema_extra=why("a Beta prior needs positive pseudo-counts"))
+    reference_guidance: Literal["off", "mined", "all"] = Field(
+        "off", description="off-policy guidance (LUFFY): a training group whose rollouts all "
+        "failed gets its task's verified reference solution in place of its first rollout, so "
+        "the update has a success to move toward; 'mined': failure-mined tasks only, 'all': "
+        "every task. The store and the pass rates keep the policy's own rollouts; the reference "
+        "is only trained on (trainer.backend 'sentinel')")
     learnability_floor: float = Field(
         0.01, gt=0, description="weighting: learnability: added to every task's p(1-p) (at "
         "most 0.25; a large floor draws nearly uniformly)",
@@ -364,6 +370,11 @@ class SentinelConfig(Section):
             raise ValueError(
                 f"trainer.backend 'trl' cannot do {', '.join(trl_unsupported(self.grpo))}: trl's "
                 "GRPO loss has no such option (turn it off, or use trainer.backend 'sentinel')")
+        if self.curriculum.reference_guidance != "off" and self.trainer.backend != "sentinel":
+            raise ValueError(
+                f"curriculum.reference_guidance {self.curriculum.reference_guidance!r} needs "
+                f"trainer.backend 'sentinel' (the {self.trainer.backend} backend builds its own "
+                "batches)")
         try:
             parser_class(self.env.parser)
         except PluginError as exc:
