@@ -377,11 +377,15 @@ def ratio_line(summary: dict[str, Any]) -> str:
     return "rollouts-to-target ratio: " + ", ".join(parts)
 
 
+def _metric_name(metric: str) -> str:
+    return "held-out recovery" if metric == "recovery" else "held-out success"
+
+
 def markdown_table(summary: dict[str, Any]) -> str:
     hardest = summary["hardest_skills"]
     metric = summary.get("metric", "success")
-    name = "held-out recovery" if metric == "recovery" else "held-out success"
-    head = (["arm", f"rollouts to {summary['target']:.2f} {name} (reached)",
+    name = _metric_name(metric)
+    head = (["arm", f"rollouts to {summary['target']:g} {name} (reached)",
              f"area (mean {name} over the budget)", f"final {name}", "final held-out success",
              "clean success (start → final)"]
             + [f"`{s}`" for s in hardest])
@@ -495,7 +499,7 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
     table = markdown_table(summary)
     line = ratio_line(summary)
     (out / "results.md").write_text(
-        f"# Curriculum bench\n\n`{command}`\n\nTarget held-out success {b.target:.2f}; "
+        f"# Curriculum bench\n\n`{command}`\n\nTarget {_metric_name(b.metric)} {b.target:g}; "
         f"{seeds} seed(s); this invocation {summary['seconds'] / 60:.1f} min (runs found "
         f"finished in {out} were reused, not rerun).\n\n{table}\n\n"
         f"![held-out success against rollouts](curves.png)\n\n{line}\n")
