@@ -23,7 +23,8 @@ Protocol (docs/results.md has the figures):
      the share of fault tasks the `failure` run of the same seed ended up training on (measured
      from its store; `bench.exposure_share` fixes it instead), fault types drawn uniformly from
      the families' `fault_types`: the control that separates *mining* from mere *exposure*.
-     Exposure runs start after the failure runs they copy.
+     An exposure run starts as soon as the failure run of its seed has finished (it waits for
+     nothing else), ahead of the other arms' pending runs: it is the slowest.
    Every arm runs the same rounds, steps, tasks per step and group size, so the same number of
    training rollouts; the `failure` arm's difficulty-probe rollouts are added to its count (they
    are rollouts it spent), so its curve is charged for them.
@@ -60,7 +61,8 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -438,6 +440,47 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 # -- driver ---------------------------------------------------------------------------------------
 
+Job = tuple[str, int]
+
+
+def next_job(pending: list[Job], done: set[Job], needs_share: bool = True) -> Job | None:
+    """The job to start next: an exposure run whose seed's failure run has finished (the slowest
+    runs, started as soon as they can be), else the first pending run of another arm. With
+    `needs_share`, `exposure-sN` never starts before `failure-sN` is done (it copies that run's
+    fault share). None when every pending run still waits."""
+    for job in pending:
+        if job[0] == "exposure" and (not needs_share or ("failure", job[1]) in done):
+            return job
+    for job in pending:
+        if job[0] != "exposure":
+            return job
+    return None
+
+
+def run_jobs(jobs: list[Job], parallel: int, fn: Callable[[Job], float],
+             needs_share: bool = True) -> dict[Job, float]:
+    """Run `fn(job)` for every job, `parallel` at a time, in the order `next_job` gives; returns
+    each job's result. The first failure is raised once the runs already started have ended."""
+    pending, done, results = list(jobs), set(), {}
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        running: dict[Future[float], Job] = {}
+        while pending or running:
+            while len(running) < parallel:
+                job = next_job(pending, done, needs_share)
+                if job is None:
+                    break
+                pending.remove(job)
+                running[pool.submit(fn, job)] = job
+            if not running:
+                raise BenchError(f"runs wait on runs that never start: {pending}")
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                job = running.pop(fut)
+                results[job] = fut.result()
+                done.add(job)
+    return results
+
+
 def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command: str = "",
                          console: Any = None) -> dict[str, Any]:
     from rich.console import Console
@@ -455,10 +498,9 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
     if "exposure" in b.arms and b.exposure_share is None and "failure" not in b.arms:
         raise BenchError("the exposure arm copies the failure arm's fault share: add the "
                          "failure arm or set bench.exposure_share")
-    # Exposure runs last: each copies the fault share its seed's failure run trained on.
-    first = [(arm, seed) for seed in range(seeds) for arm in b.arms if arm != "exposure"]
-    later = [("exposure", seed) for seed in range(seeds) if "exposure" in b.arms]
-    runs = first + later
+    # Each exposure run copies the fault share its seed's failure run trained on, so it waits
+    # for that run alone (not for every other arm): see `next_job`.
+    runs = [(arm, seed) for seed in range(seeds) for arm in b.arms]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("cold start (SFT)", total=1 + len(runs))
@@ -466,7 +508,7 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
         progress.update(bar, advance=1, description="arms x seeds")
         policy = cold / "policy"
 
-        def one(job: tuple[str, int]) -> tuple[str, int, float]:
+        def one(job: tuple[str, int]) -> float:
             arm, seed = job
             share = None
             if arm == "exposure":
@@ -476,15 +518,13 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
             secs = _launch(arm_config(config, arm, seed, policy, share), out / f"{arm}-s{seed}",
                            config.rounds, b.threads)
             progress.update(bar, advance=1)
-            return arm, seed, secs
+            return secs
 
-        with ThreadPoolExecutor(max_workers=b.parallel) as pool:
-            timings = list(pool.map(one, first))
-            timings += list(pool.map(one, later))
+        timings = run_jobs(runs, b.parallel, one, needs_share=b.exposure_share is None)
     results = []
-    for (arm, seed), (_, _, secs) in zip(runs, timings, strict=True):
+    for arm, seed in runs:
         r = read_run(out / f"{arm}-s{seed}", arm, seed)
-        r.seconds = secs
+        r.seconds = timings[(arm, seed)]
         results.append(r)
     start_skills = skill_success(Store(cold / "sentinel.duckdb"), 0, b.min_skill_tasks)
     hardest = sorted(start_skills, key=lambda s: (start_skills[s], s))[: b.hardest_skills]

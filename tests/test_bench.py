@@ -207,3 +207,43 @@ def test_shipped_bench_configs_load(tmp_path):
         kind = next((s for s in task.skills if s.startswith("recover:")), "clean")
         counts[kind] = counts.get(kind, 0) + 1
     assert len(counts) == 6 and set(counts.values()) == {40}
+
+
+def test_exposure_runs_start_when_their_failure_run_ends():
+    """The scheduler: `exposure-sN` starts as soon as `failure-sN` is done (ahead of the other
+    arms' pending runs), never before it; every run runs once; the first error is raised."""
+    import threading
+
+    from sentinel.bench import next_job, run_jobs
+
+    jobs = [(arm, s) for s in range(3) for arm in ("failure", "uniform", "exposure")]
+    assert next_job(jobs, set()) == ("failure", 0)
+    assert next_job(jobs, {("failure", 0)}) == ("exposure", 0)
+    assert next_job([("exposure", 1)], {("failure", 0)}) is None
+    assert next_job([("exposure", 1)], set(), needs_share=False) == ("exposure", 1)
+
+    order, lock = [], threading.Lock()
+
+    def fn(job):
+        with lock:
+            assert job[0] != "exposure" or ("failure", job[1]) in done_now
+            order.append(job)
+        with lock:
+            done_now.add(job)
+        return float(job[1])
+
+    done_now: set = set()
+    out = run_jobs(jobs, 1, fn)
+    assert sorted(out) == sorted(jobs) and out[("uniform", 2)] == 2.0
+    # one at a time: failure-s0, then its exposure run before uniform-s0
+    assert order[:3] == [("failure", 0), ("exposure", 0), ("uniform", 0)]
+    done_now.clear()
+    assert sorted(run_jobs(jobs, 2, fn)) == sorted(jobs)
+
+    def boom(job):
+        if job == ("uniform", 1):
+            raise BenchError("run uniform-s1 failed")
+        return 0.0
+
+    with pytest.raises(BenchError, match="uniform-s1"):
+        run_jobs(jobs, 2, boom)
