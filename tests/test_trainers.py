@@ -833,3 +833,48 @@ def test_adam_hyperparameters_reach_the_optimizer_and_epsilon_damps_the_first_st
     # default eps: a sign step, every moved coordinate by lr (to float rounding)
     torch.testing.assert_close(moved[1e-8].median(), torch.tensor(1e-3), atol=1e-5, rtol=0)
     assert moved[1.0].max() < 1e-4  # gradients are far below 1, so the step is damped
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_zero_advantage_rows_run_forward_only_and_change_nothing(
+        model: LlamaForCausalLM, guarded: bool) -> None:
+    """A group whose rewards are all equal has exactly zero gradient (beta = 0, no covariance
+    penalty): its rows run forward only (`n_inert`), and the step (parameters, Adam state, every
+    metric) is the full backward's, with the warm-started second moment, two passes and, when
+    `guarded`, the KL guard (whose batch KL reads those rows' log-probs)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    batch = grouped_batch(model, 0.9)
+    g = torch.Generator().manual_seed(3)
+    for t in batch:  # off-policy old log-probs: ratios differ from 1, some tokens are clipped
+        t.logprobs = [x + float(0.4 * torch.randn(1, generator=g)) if m else 0.0
+                      for x, m in zip(t.logprobs, t.loss_mask, strict=True)]
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.0, 0.2, 1.0, 0.0]  # g1: no signal
+    for t, r in zip(batch, rewards, strict=True):
+        t.reward = r
+    cfg = GRPOConfig(temperature=0.9, micro_batch_size=3, num_iterations=2, lr=1e-3,
+                     adam_v_warm_start=True, kl_guard=1e-3 if guarded else None,
+                     kl_guard_action="halve", loss_agg="seq-mean-token-mean")
+    out, params = {}, {}
+    for skip in (False, True):
+        m = copy.deepcopy(model)
+        trainer = GRPOTrainer(m, cfg, PAD)
+        trainer.skip_inert = skip
+        out[skip] = trainer.update(batch)
+        params[skip] = {n: p.detach().clone() for n, p in m.named_parameters()}
+    assert out[True]["n_inert"] == 4 and out[False]["n_inert"] == 0
+    assert out[True]["clip_ratio"] > 0
+    if guarded:
+        assert out[True]["guard/halved"] > 0
+    for key, value in out[False].items():
+        if key not in ("seconds", "n_inert"):
+            assert out[True][key] == pytest.approx(value, abs=1e-6), key
+    moved = 0.0
+    for name, p in params[False].items():
+        torch.testing.assert_close(params[True][name], p, atol=1e-6, rtol=0)
+        moved += float((p - model.state_dict()[name]).abs().sum())
+    assert moved > 0
+    # With a KL term every row has a gradient: nothing is skipped.
+    kl = GRPOTrainer(copy.deepcopy(model), cfg.model_copy(update={"beta": 0.04}), PAD)
+    assert kl.update(batch)["n_inert"] == 0

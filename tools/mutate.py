@@ -59,6 +59,8 @@ LOOP = ("tests/test_loop_fast.py",)
 ROLLOUT_METRICS = (
     "tests/test_rollout.py::test_batch_metrics_and_pass_rates_on_hand_made_rollouts",)
 
+INERT = ("tests/test_trainers.py::test_zero_advantage_rows_run_forward_only_and_change_nothing",)
+
 MUTATIONS: list[Mutation] = [
     # -- the ones issue #16 lists -------------------------------------------------------------
     Mutation("loop-batch-is-all", "sentinel/loop.py",
@@ -269,6 +271,19 @@ MUTATIONS: list[Mutation] = [
              'if job[0] == "exposure" and (not needs_share or ("failure", job[1]) in done):',
              'if job[0] == "exposure" and all(j[0] == "exposure" for j in pending):',
              ("tests/test_bench.py::test_exposure_runs_start_when_their_failure_run_ends",)),
+    # -- zero-advantage rows forward only (trainers/grpo.py): taken, exact, and only there.
+    Mutation("grpo-inert-never-skipped", "trainers/grpo.py",
+             'return self.skip_inert and self.config.beta == 0 and self.config.cov_penalty == '
+             '"none"',
+             'return False', INERT),
+    Mutation("grpo-inert-every-chunk", "trainers/grpo.py",
+             "if skips and not bool(c.adv.any()):", "if skips:", INERT),
+    Mutation("grpo-inert-moment-groups-all-skipped", "trainers/grpo.py",
+             "if self._skips_inert() and not any(advantages[i] for i in members):",
+             "if self._skips_inert():", INERT),
+    Mutation("grpo-inert-entropy-lost", "trainers/grpo.py",
+             'sums["entropy"] += float(ent[c.mask].sum().item())\n                sums["inert"]',
+             'sums["inert"]', INERT),
     Mutation("common-cache-keyword-fixed", "trainers/common.py",
              'return "cache" if "cache" in params else "past_key_values"',
              'return "cache"', ("tests/test_trainers.py",)),

@@ -49,7 +49,12 @@ Micro-batches are cut from the batch sorted by length, so rows of similar length
 together. Left out: entropy bonus, sequence packing for the update, gradient checkpointing,
 and any generation or reward logic (that belongs to the rollout side).
 Trajectories with zero advantage are kept: they add nothing to the loss but count in the
-normaliser, as in trl.
+normaliser, as in trl. With `beta == 0` and no `cov_penalty` their gradient is exactly zero, so
+they are cut into micro-batches of their own that run forward only, without autograd (their
+log-probs still feed `entropy`, `clip_ratio` and `kl_guard`): the gradient, the step and every
+metric are those of the full backward, at a fraction of its cost when most groups carry no
+signal (`n_inert`: how many rows took that path; `skip_inert = False` turns it off, for the
+benchmark's baseline).
 """
 
 from __future__ import annotations
@@ -309,6 +314,8 @@ class GRPOTrainer:
         if config.beta > 0:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # Zero-advantage rows run forward only (see the module docstring); False: full backward.
+        self.skip_inert = True
         # rollout_correction: per micro-batch (keyed by its trajectories' positions) the trainer's
         # log-probs and the tis weights, set for the duration of one `step`.
         self._correction: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] | None
@@ -438,12 +445,25 @@ class GRPOTrainer:
         return token_logprobs(model, input_ids, attention_mask, self.config.temperature,
                               with_entropy=entropy, autocast_dtype=amp)
 
-    def _parts(self, trajectories: list[Trajectory]) -> list[list[int]]:
+    def _skips_inert(self) -> bool:
+        """Whether zero-advantage rows have an exactly zero gradient here and may skip autograd:
+        no KL term (`beta == 0`) and no covariance penalty acting on them."""
+        return self.skip_inert and self.config.beta == 0 and self.config.cov_penalty == "none"
+
+    def _parts(self, trajectories: list[Trajectory],
+               advantages: Sequence[float]) -> list[list[int]]:
         """The micro-batches of a pass, as lists of trajectory positions. Rows are sorted by
         length before the split, so each micro-batch pads to a similar length (multi-turn lengths
-        vary several-fold); the whole-batch normalisers make the gradient independent of it."""
+        vary several-fold); the whole-batch normalisers make the gradient independent of it.
+        When `_skips_inert`, the zero-advantage rows are split apart from the others, after
+        them, so that they fill forward-only micro-batches of their own."""
         by_length = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].token_ids))
-        return [[by_length[k] for k in part] for part in self.micro_batches(len(trajectories))]
+        classes = [by_length]
+        if self._skips_inert():
+            classes = [[i for i in by_length if advantages[i] != 0.0],
+                       [i for i in by_length if advantages[i] == 0.0]]
+        return [[rows[k] for k in part] for rows in classes if rows
+                for part in self.micro_batches(len(rows))]
 
     def _chunks(self, trajectories: list[Trajectory], advantages: Sequence[float],
                 masks: list[list[int]], parts: list[list[int]],
@@ -492,7 +512,8 @@ class GRPOTrainer:
         """One pass: zero the grads, then backprop the full-batch loss micro-batch by micro-batch.
 
         Leaves the summed gradients in `param.grad` (no clipping, no optimizer step) and returns
-        this pass's `loss`, `clip_ratio`, `entropy`, `kl` and `n_tokens` (trained tokens), and
+        this pass's `loss`, `clip_ratio`, `entropy`, `kl`, `n_tokens` (trained tokens) and
+        `n_inert` (zero-advantage rows run forward only, see the module docstring), and
         with a `cov_penalty` `cov/share` (the share of trained tokens it acted on).
         Does not change the model's train/eval mode. `ref_cache` (with `beta > 0`): the frozen
         reference model's log-probs per micro-batch, filled on the first pass over a batch and
@@ -517,8 +538,9 @@ class GRPOTrainer:
         masks = self.loss_masks(trajectories)
         n_tokens = sum(sum(m) for m in masks)
         self.optimizer.zero_grad(set_to_none=True)
-        sums, logps = self._backward(trajectories, advantages, masks, self._parts(trajectories),
-                                     n_tokens, selection, ref_cache)
+        parts = self._parts(trajectories, advantages)
+        sums, logps = self._backward(trajectories, advantages, masks, parts, n_tokens, selection,
+                                     ref_cache)
         denom = max(n_tokens, 1)
         stats = {
             "loss": sums["loss"],
@@ -526,6 +548,7 @@ class GRPOTrainer:
             "entropy": sums["entropy"] / denom,
             "kl": sums["kl"] / denom,
             "n_tokens": float(n_tokens),
+            "n_inert": sums["inert"],
         }
         if selection is not None:
             stats["cov/share"] = sums["cov"] / denom
@@ -546,9 +569,20 @@ class GRPOTrainer:
         sums of loss, clipped and chosen token counts, entropy and k3 to the reference, and each
         micro-batch's log-probs (detached)."""
         cfg = self.config
-        sums = dict.fromkeys(("loss", "clipped", "entropy", "kl", "cov"), 0.0)
+        sums = dict.fromkeys(("loss", "clipped", "entropy", "kl", "cov", "inert"), 0.0)
         logps = []
+        skips = self._skips_inert()
         for key, c in enumerate(self._chunks(trajectories, advantages, masks, parts, selection)):
+            if skips and not bool(c.adv.any()):
+                # Zero advantage, no KL, no covariance term: the loss and its gradient are
+                # exactly zero here; the forward is kept for the metrics and the KL guard.
+                with torch.no_grad():
+                    new, ent = self._logprobs(self.model, c.seqs, c.lead, c.input_ids,
+                                              c.attention_mask, entropy=True)
+                logps.append(new.detach())
+                sums["entropy"] += float(ent[c.mask].sum().item())
+                sums["inert"] += len(c.idx)
+                continue
             new, ent = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
                                       entropy=True)
             ref = None
@@ -609,6 +643,8 @@ class GRPOTrainer:
             groups[t.group_id].append(i)
         second = [torch.zeros_like(p) for p in self.params]
         for members in groups.values():
+            if self._skips_inert() and not any(advantages[i] for i in members):
+                continue  # an exactly zero gradient: adds nothing to V
             members.sort(key=lambda i: len(trajectories[i].token_ids))
             parts = [members[s:s + cfg.micro_batch_size]
                      for s in range(0, len(members), cfg.micro_batch_size)]
@@ -652,7 +688,8 @@ class GRPOTrainer:
         masks = self.loss_masks(trajectories)
         total = 0.0
         with torch.no_grad():
-            chunks = self._chunks(trajectories, advantages, masks, self._parts(trajectories), None)
+            parts = self._parts(trajectories, advantages)
+            chunks = self._chunks(trajectories, advantages, masks, parts, None)
             for c, prev in zip(chunks, before, strict=True):
                 now = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
                                      entropy=False)
@@ -713,8 +750,8 @@ class GRPOTrainer:
         diff = capped = weight = 0.0
         n = 0
         with torch.no_grad():
-            for c in self._chunks(trajectories, advantages, masks, self._parts(trajectories),
-                                  None):
+            parts = self._parts(trajectories, advantages)
+            for c in self._chunks(trajectories, advantages, masks, parts, None):
                 new = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
                                      entropy=False).float()
                 new = torch.where(c.mask, new, 0.0)
@@ -741,7 +778,8 @@ class GRPOTrainer:
         over passes of `loss`, `clip_ratio`, `entropy` (over trained tokens) and `grad_norm`
         (before clipping), `kl` when `beta > 0`, plus `lr` (of the first pass), `n_tokens`
         (trained tokens in the batch), `n_masked_truncated` (trajectories dropped by
-        `mask_truncated_completions`) and `seconds`. A batch without any trained token changes
+        `mask_truncated_completions`), `n_inert` (zero-advantage trajectories that ran forward
+        only, see the module docstring) and `seconds`. A batch without any trained token changes
         nothing, the schedule included. The model is in train mode during the update and is put
         back in the mode it was in (eval, for rollouts).
 
@@ -766,6 +804,7 @@ class GRPOTrainer:
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "n_tokens": float(n_tokens),
             "n_masked_truncated": float(dropped),
+            "n_inert": 0.0,
         }
         totals = {"loss": 0.0, "clip_ratio": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0}
         if cfg.cov_penalty != "none":
@@ -816,6 +855,7 @@ class GRPOTrainer:
                     if k != "grad_norm":
                         totals[k] += stats[k]
                 totals["grad_norm"] += float(grad_norm.item())
+                info["n_inert"] = stats["n_inert"]
         finally:
             self._correction = None
             self.optimizer.zero_grad(set_to_none=True)
