@@ -288,7 +288,7 @@ class Loop:
         for _ in range(cfg.num_examples):
             task = self.mixture.sample(rng)
             if cfg.recovery_share is not None:
-                task = self._recovery_example(task, cfg.recovery_share, rng)
+                task = self._recovery_example(task, cfg.recovery_share, rng, cfg.recovery_types)
             if task.task_id in self.curriculum.excluded_ids:
                 continue
             traj = self.families[task.family].reference_trajectory(
@@ -302,14 +302,20 @@ class Loop:
         record.metrics.update({f"sft/{k}": float(v) for k, v in metrics.items()})
         record.metrics["sft/examples"] = float(len(examples))
 
-    def _recovery_example(self, task: Task, share: float, rng: random.Random) -> Task:
+    def _recovery_example(self, task: Task, share: float, rng: random.Random,
+                          weights: dict[str, float] | None = None) -> Task:
         """`task` clean, or with probability `share` carrying a fault of its family's configured
-        types (`sft.recovery_share`): the cold start's dose of recovery demonstrations."""
+        types (`sft.recovery_share`), drawn by `weights` (`sft.recovery_types`; None: uniformly):
+        the cold start's dose of recovery demonstrations."""
         family = self.families[task.family]
         spec = family.without_faults(task.spec)
         types = list(getattr(family.config, "fault_types", None) or [])
+        if weights is not None:
+            types = [t for t in types if weights.get(t, 0.0) > 0]
         if types and rng.random() < share:
-            spec = family.with_fault(spec, rng.choice(types), rng) or spec
+            kind = (rng.choice(types) if weights is None
+                    else rng.choices(types, [weights[t] for t in types])[0])
+            spec = family.with_fault(spec, kind, rng) or spec
         return task if spec == task.spec else family.make_task(spec, origin=task.origin)
 
     def _train(self, record: RoundRecord, rollouts: Rollouts, trainer: Any, logger: Any) -> None:

@@ -230,3 +230,47 @@ def test_stratified_draw_gives_exact_counts() -> None:
     counts = {t: sum(f"recover:{t}" in task.skills for task in tasks) for t in FAULT_TYPES[:3]}
     assert counts == {t: 10 for t in FAULT_TYPES[:3]}
     assert _apportion(10, [2, 1, 1]) == [5, 3, 2]
+
+
+def _cold_start_mix(tmp_path: Any, types: dict[str, float] | None) -> dict[str, int]:
+    """The fault types of 600 cold-start examples drawn as `Loop._cold_start` draws them, every
+    one a recovery demonstration (`recovery_share: 1`)."""
+    from sentinel.config import load_config
+    from sentinel.loop import Loop
+
+    loop = Loop(load_config(data={
+        "families": [{"type": "arith", "max_value": 20, "instruction": "",
+                      "fault_types": ["timeout", "notation", "rate_limit"]}],
+        "sft": {"recovery_share": 1.0, "recovery_types": types}}), tmp_path / "run")
+    rng, counts = random.Random(0), {}
+    for _ in range(600):
+        task = loop._recovery_example(loop.mixture.sample(rng), 1.0, rng, types)
+        kind = next((s for s in task.skills if s.startswith("recover:")), "clean")
+        counts[kind] = counts.get(kind, 0) + 1
+    # A spec where the drawn fault cannot happen (`with_fault` gives None) stays clean.
+    # (notation needs a `*` to rewrite).
+    assert counts.pop("clean", 0) < 120
+    return counts
+
+
+def test_cold_start_recovery_types_weigh_the_demonstrations(tmp_path: Any) -> None:
+    """`sft.recovery_types` sets each fault type's share of the recovery demonstrations: a type
+    weighted 0 or missing gets none, the others follow their weights; null: uniform."""
+    counts = _cold_start_mix(tmp_path / "w", {"timeout": 3.0, "rate_limit": 1.0})
+    assert set(counts) == {"recover:timeout", "recover:rate_limit"}
+    assert 0.70 < counts["recover:timeout"] / sum(counts.values()) < 0.82
+    uniform = _cold_start_mix(tmp_path / "u", None)
+    assert set(uniform) == {"recover:timeout", "recover:notation", "recover:rate_limit"}
+    assert abs(uniform["recover:timeout"] - uniform["recover:rate_limit"]) < 60
+
+
+@pytest.mark.parametrize("types, message", [
+    ({"timeout": 1.0, "oops": 1.0}, "unknown fault type"),
+    ({"timeout": 0.0}, "at least one > 0"),
+    ({"timeout": -1.0, "notation": 2.0}, "weights must be >= 0"),
+])
+def test_bad_recovery_types_are_config_errors(types: dict[str, float], message: str) -> None:
+    from sentinel.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(data={"sft": {"recovery_share": 0.05, "recovery_types": types}})

@@ -59,6 +59,7 @@ LOOP = ("tests/test_loop_fast.py",)
 ROLLOUT_METRICS = (
     "tests/test_rollout.py::test_batch_metrics_and_pass_rates_on_hand_made_rollouts",)
 
+RECOVERY_MIX = ("tests/test_faults.py::test_cold_start_recovery_types_weigh_the_demonstrations",)
 INERT = ("tests/test_trainers.py::test_zero_advantage_rows_run_forward_only_and_change_nothing",)
 
 MUTATIONS: list[Mutation] = [
@@ -284,6 +285,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("grpo-inert-entropy-lost", "trainers/grpo.py",
              'sums["entropy"] += float(ent[c.mask].sum().item())\n                sums["inert"]',
              'sums["inert"]', INERT),
+    # -- the cold start's mix of recovery demonstrations (sft.recovery_types).
+    Mutation("sft-recovery-types-ignored", "sentinel/loop.py",
+             "types = [t for t in types if weights.get(t, 0.0) > 0]", "pass", RECOVERY_MIX),
+    Mutation("sft-recovery-types-uniform", "sentinel/loop.py",
+             "else rng.choices(types, [weights[t] for t in types])[0])",
+             "else rng.choice(types))", RECOVERY_MIX),
     Mutation("common-cache-keyword-fixed", "trainers/common.py",
              'return "cache" if "cache" in params else "past_key_values"',
              'return "cache"', ("tests/test_trainers.py",)),

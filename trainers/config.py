@@ -228,5 +228,23 @@ class SFTConfig(ExplainedModel):
         None, ge=0.0, le=1.0, description="share of cold-start examples that demonstrate "
         "recovering from a scheduled tool fault (a fault type of the family's fault_types at a "
         "random call); the rest are clean. null: examples follow the base distribution as is")
+    recovery_types: dict[str, float] | None = Field(
+        None, description="relative weights of the fault types among those recovery "
+        "demonstrations (a type of the family's fault_types that is missing or weighted 0 gets "
+        "none), so the cold start can know some remedies well and others barely. null: the "
+        "family's fault_types, uniformly")
     max_seq_len: int = Field(512, ge=2, description="row length when packing",
                              json_schema_extra=why("one target token needs a context token"))
+
+    @model_validator(mode="after")
+    def _check_recovery_types(self) -> SFTConfig:
+        if self.recovery_types is not None:
+            from sentinel.env.faults import FAULT_TYPES
+
+            if bad := sorted(set(self.recovery_types) - set(FAULT_TYPES)):
+                raise ValueError(f"recovery_types: unknown fault type(s) {bad}; known: "
+                                 f"{', '.join(FAULT_TYPES)}")
+            if any(w < 0 for w in self.recovery_types.values()) or not any(
+                    w > 0 for w in self.recovery_types.values()):
+                raise ValueError("recovery_types: weights must be >= 0, at least one > 0")
+        return self
