@@ -247,8 +247,8 @@ def _cold_start_mix(tmp_path: Any, types: dict[str, float] | None) -> dict[str, 
         task = loop._recovery_example(loop.mixture.sample(rng), 1.0, rng, types)
         kind = next((s for s in task.skills if s.startswith("recover:")), "clean")
         counts[kind] = counts.get(kind, 0) + 1
-    # A spec where the drawn fault cannot happen (`with_fault` gives None) stays clean.
-    # (notation needs a `*` to rewrite).
+    # A spec where the drawn fault cannot happen (`with_fault` gives None: notation needs a `*`
+    # to rewrite) stays clean.
     assert counts.pop("clean", 0) < 120
     return counts
 
