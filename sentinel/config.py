@@ -43,6 +43,7 @@ from generators.base import GeneratorConfig
 from generators.mutate import MutateConfig
 from generators.registry import generator_config
 from sentinel.env.environment import EnvConfig
+from sentinel.env.faults import FAULT_TYPES
 from sentinel.env.parser import parser_class
 from sentinel.loggers import LoggingConfig
 from sentinel.plugins import PluginError
@@ -375,6 +376,10 @@ class SentinelConfig(Section):
                 f"curriculum.reference_guidance {self.curriculum.reference_guidance!r} needs "
                 f"trainer.backend 'sentinel' (the {self.trainer.backend} backend builds its own "
                 "batches)")
+        if self.sft.recovery_types is not None and (
+                bad := sorted(set(self.sft.recovery_types) - set(FAULT_TYPES))):
+            raise ValueError(f"sft.recovery_types: unknown fault type(s) {bad}; known: "
+                             f"{', '.join(FAULT_TYPES)}")
         try:
             parser_class(self.env.parser)
         except PluginError as exc:
