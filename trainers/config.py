@@ -239,7 +239,7 @@ class SFTConfig(ExplainedModel):
     @model_validator(mode="after")
     def _check_recovery_types(self) -> SFTConfig:
         # The fault-type names are checked by sentinel.config (trainers do not import env).
-        weights = list((self.recovery_types or {"any": 1.0}).values())
-        if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
+        weights = None if self.recovery_types is None else list(self.recovery_types.values())
+        if weights is not None and (any(w < 0 for w in weights) or not any(w > 0 for w in weights)):
             raise ValueError("recovery_types: weights must be >= 0, at least one > 0")
         return self
