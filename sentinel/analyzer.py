@@ -45,7 +45,10 @@ the same call.
       calls than the reference solution makes (`family.solve` on the task's tools, cached per
       task id), and no call ever returned the final answer. Repeating a call is not progress,
       so "3+4, 3+4, answer 7" is premature. An agent that did obtain the right result and then
-      answered something else made a `wrong_answer` (a transcription error).
+      answered something else made a `wrong_answer` (a transcription error). The first error is
+      the answer, unless the family's `locate_error` finds a call before it that was no progress
+      (a copy error: `11*11` where `4*11` was due; the answer only followed from it), as for
+      `wrong_answer`.
    9. `wrong_answer`: everything else; the family's `locate_error`, run on the steps without the
       (recovered) errored ones, says where.
 
@@ -352,10 +355,10 @@ def detect_premature_answer(attempt: Attempt) -> Detection | None:
     needed = len(reference.calls)
     if made >= needed or any(str(s.observation).strip() == reference.answer for s in done):
         return None
-    return _index(attempt.steps, pos), (
+    return _located(attempt, _index(attempt.steps, pos), (
         f"step {_index(attempt.steps, pos)} answered {attempt.steps[pos].answer!r} after {made} "
         f"of the {needed} distinct tool calls the reference makes"
-    )
+    ))
 
 
 def detect_wrong_answer(attempt: Attempt) -> Detection:
@@ -366,16 +369,25 @@ def detect_wrong_answer(attempt: Attempt) -> Detection:
     answer = steps[pos].answer if pos is not None else attempt.trajectory.answer
     first = _index(steps, pos) if pos is not None else None
     evidence = f"answered {_clip(str(answer), QUOTE_CHARS)!r}, expected {attempt.task.answer!r}"
-    if attempt.family is not None:
-        clean = [s for s in steps if s.error is None and s.error_kind is None and s.kind != "text"]
-        try:
-            located = attempt.family.locate_error(attempt.task, clean)
-        except Exception as exc:  # garbage steps may break family code; say so
-            return first, f"{evidence} (locate_error raised {type(exc).__name__})"
-        if isinstance(located, int) and located != first:
-            quoted = next((_quote(s) for s in steps if s.index == located), "")
-            evidence = f"{evidence}; first error at step {located}: {quoted}"
-            first = located
+    return _located(attempt, first, evidence)
+
+
+def _located(attempt: Attempt, first: int | None, evidence: str) -> Detection:
+    """`(first, evidence)` with the first error moved to where `family.locate_error` puts it on
+    the steps without errors (any error left was recovered from): a copy error in a call before
+    the answer, rather than the answer that followed from it."""
+    if attempt.family is None:
+        return first, evidence
+    steps = attempt.steps
+    clean = [s for s in steps if s.error is None and s.error_kind is None and s.kind != "text"]
+    try:
+        located = attempt.family.locate_error(attempt.task, clean)
+    except Exception as exc:  # garbage steps may break family code; say so
+        return first, f"{evidence} (locate_error raised {type(exc).__name__})"
+    if isinstance(located, int) and located != first:
+        quoted = next((_quote(s) for s in steps if s.index == located), "")
+        evidence = f"{evidence}; first error at step {located}: {quoted}"
+        first = located
     return first, evidence
 
 

@@ -357,6 +357,15 @@ def test_repeating_a_call_is_not_progress_but_obtaining_the_result_is():
     assert (failure.mode, failure.first_error_step) == ("wrong_answer", 1)
 
 
+def test_a_premature_answer_after_a_copy_error_blames_the_copy():
+    # (3+4)*5: the first call copies the wrong operands (3*5, not 3+4) and the answer follows it.
+    # The copy is the first error (a restart task starts right before it, not at the hopeless
+    # state after it), not the answer. (All calls progress: the answer, CASES above.)
+    failure = classify([call(0, "3*5", "15"), answer(1, "15")])
+    assert (failure.mode, failure.first_error_step) == ("premature_answer", 0)
+    assert "first error at step 0" in failure.evidence
+
+
 def test_recovered_slips_do_not_move_the_first_error():
     unknown = Step(0, "", "tool_call", tool="mul", arguments={}, error_kind="unknown_tool")
     failure = classify([unknown, call(1, "3+4", "7"), call(2, "7*5", "35"), answer(3, "34")])
