@@ -16,7 +16,10 @@ first, untried before tried; replay a seeded shuffle. `learnability` (PLR / SFL)
 drawn without replacement with probability proportional to p(1-p) + `learnability_floor`, where p
 is the task's pass rate estimated only from the rollouts `observe` has already seen (no probe
 rollouts): the posterior mean (successes + a) / (attempts + 2a) under a Beta(a, a) prior,
-a = `learnability_prior`. A task never tried takes the pooled outcomes of the tasks sharing its
+a = `learnability_prior`. A task never tried takes the pooled outcomes of the tasks of the same
+generator sharing its `target_cluster_id` (generators aiming at one cluster make tasks of very
+different difficulty: in the recovery bench, `restart` tasks were solved in 6 % of their rollouts
+where `fault` tasks of the same clusters were solved in 61 %), else of all the tasks sharing its
 `target_cluster_id`, else of its parent task, else the prior alone (p = 0.5, the largest weight:
 what nobody has tried yet is tried first). So a group the policy always or never solves (no GRPO
 signal) makes its task, and untried tasks of its cluster, unlikely to be drawn again, while the
@@ -133,34 +136,38 @@ class Curriculum:
     def _posterior(self, successes: int, attempts: int) -> float:
         return (successes + self.prior) / (attempts + 2 * self.prior)
 
-    def _cluster_outcomes(self) -> dict[str, tuple[int, int]]:
-        """(successes, attempts) pooled over the known tasks of each target cluster."""
-        pooled: dict[str, tuple[int, int]] = {}
+    def _cluster_outcomes(self) -> dict[Any, tuple[int, int]]:
+        """(successes, attempts) pooled over the known tasks of each target cluster (key: the
+        cluster id) and of each (cluster id, generator) pair (key: the tuple)."""
+        pooled: dict[Any, tuple[int, int]] = {}
         for task_id, task in self.tasks.items():
             cluster = task.target_cluster_id
             if cluster is None:
                 continue
             s = self.stats.get(task_id, TaskStats())
-            done, tried = pooled.get(cluster, (0, 0))
-            pooled[cluster] = (done + s.successes, tried + s.attempts)
+            for key in (cluster, (cluster, task.generator)):
+                done, tried = pooled.get(key, (0, 0))
+                pooled[key] = (done + s.successes, tried + s.attempts)
         return pooled
 
     def pass_rate_estimate(self, task_id: str) -> float:
         """p of `task_id` as `learnability` weighs it (module docstring): its own outcomes, else
-        its cluster's pooled ones, else its parent task's, each under the Beta prior; else the
-        prior's mean 0.5."""
+        those pooled over its generator's tasks of its cluster, else over its cluster's, else its
+        parent task's, each under the Beta prior; else the prior's mean 0.5."""
         return self._estimate(task_id, self._cluster_outcomes())
 
-    def _estimate(self, task_id: str, clusters: dict[str, tuple[int, int]]) -> float:
+    def _estimate(self, task_id: str, clusters: dict[Any, tuple[int, int]]) -> float:
         """`pass_rate_estimate` with the clusters' outcomes pooled once per batch."""
         s = self.stats.get(task_id)
         if s is not None and s.attempts:
             return self._posterior(s.successes, s.attempts)
         task = self.tasks.get(task_id)
+        if task is not None and task.target_cluster_id is not None:
+            for key in ((task.target_cluster_id, task.generator), task.target_cluster_id):
+                done, tried = clusters.get(key, (0, 0))
+                if tried:
+                    return self._posterior(done, tried)
         if task is not None:
-            done, tried = clusters.get(task.target_cluster_id or "", (0, 0))
-            if tried:
-                return self._posterior(done, tried)
             parent = self.stats.get(task.parent_task_id or "")
             if parent is not None and parent.attempts:
                 return self._posterior(parent.successes, parent.attempts)
@@ -171,9 +178,9 @@ class Curriculum:
         first task arrived), p pooled over the cluster's observed outcomes under the prior; a
         cluster whose tasks the policy always or never solves scores near 0."""
         return {cluster: p * (1 - p) for cluster, (done, tried) in self._cluster_outcomes().items()
-                for p in [self._posterior(done, tried)]}
+                if isinstance(cluster, str) for p in [self._posterior(done, tried)]}
 
-    def _draw(self, pool: list[str], k: int, clusters: dict[str, tuple[int, int]],
+    def _draw(self, pool: list[str], k: int, clusters: dict[Any, tuple[int, int]],
               ) -> list[str]:
         """`k` of `pool` without replacement, each draw with probability proportional to
         p(1-p) + floor among those left (Efraimidis-Spirakis keys: log(u) / weight, largest

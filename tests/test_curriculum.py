@@ -378,6 +378,25 @@ def test_learnability_draws_without_replacement_and_skips_mastered_tasks() -> No
         assert set(batch) == set(_ids(tasks[1:]))  # the five unmastered ones, each once
 
 
+def test_an_untried_task_inherits_its_generators_estimate_in_its_cluster() -> None:
+    """Generators aiming at one cluster make tasks of different difficulty: an untried task
+    takes the outcomes of its own generator's tasks of the cluster first; a generator with none
+    tried yet takes the whole cluster's."""
+    cur = _learnability(seed=3)
+    made = {}
+    for i, (name, gen) in enumerate([("restart", "restart"), ("fault", "fault"),
+                                     ("new_restart", "restart"), ("new_fault", "fault"),
+                                     ("new_mutate", "mutate")], start=1):
+        made[name] = _clustered(i, "cl")
+        made[name].generator = gen
+    cur.add_mined(list(made.values()))
+    cur.observe(_observed(made["restart"], 0, 8, "g1") + _observed(made["fault"], 6, 8, "g2"))
+    assert cur.pass_rate_estimate(made["new_restart"].task_id) == pytest.approx(1 / 10)
+    assert cur.pass_rate_estimate(made["new_fault"].task_id) == pytest.approx(7 / 10)
+    assert cur.pass_rate_estimate(made["new_mutate"].task_id) == pytest.approx(7 / 18)
+    assert set(cur.cluster_learnability()) == {"cl"}
+
+
 def test_an_untried_task_inherits_its_clusters_estimate() -> None:
     """Never-tried tasks take the pooled outcomes of their cluster, else of their parent task,
     else the prior; so the untried sibling of a half-solved cluster is drawn far more often

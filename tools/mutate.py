@@ -118,6 +118,9 @@ MUTATIONS: list[Mutation] = [
              'rows.sort(key=lambda r: (-r["n_failures"], r["cluster_id"]))',
              'rows.sort(key=lambda r: (r["n_failures"], r["cluster_id"]))', ANALYZER),
     # -- curriculum ---------------------------------------------------------------------------
+    Mutation("curriculum-untried-ignores-generator", "sentinel/curriculum.py",
+             "for key in ((task.target_cluster_id, task.generator), task.target_cluster_id):",
+             "for key in (task.target_cluster_id,):", CURRICULUM),
     Mutation("curriculum-gate-drop-flipped", "sentinel/curriculum.py",
              "if not self.drop:", "if self.drop:", CURRICULUM),
     Mutation("curriculum-gate-dropped-not-cumulative", "sentinel/curriculum.py",
