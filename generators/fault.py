@@ -10,6 +10,14 @@ where it can happen, so the policy meets the fault it failed on at new positions
 memorising one instance. Failed tasks are visited most frequent failure cluster first and
 round-robin, as `mutate` does; every candidate goes through the validation pipeline.
 
+Only failures that did not get past their fault are mined (`recovered_too: false`, the default): a
+rollout that met the fault (a tool's error, not a parse error, or a truncated result) and then
+made a successful call (not `wait`) before its first erroneous step recovered, and failed later
+(in the recovery bench, most failures of `renamed` tasks called `calc` correctly and then copied
+a negative intermediate wrongly into the next call): that is a copy error for `restart`, not
+more of the fault. A failure whose rollout never met its fault is not a recovery failure either;
+one whose trajectory is not in the context counts as unrecovered (nothing says otherwise).
+
 `clean_too: true` also turns failed *clean* tasks into fault tasks (a type from `types`, or the
 family's own fault types), for runs whose base distribution holds few faults.
 
@@ -22,7 +30,7 @@ training rollouts, docs/results.md).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pydantic import Field
 
@@ -34,7 +42,8 @@ from generators.base import (
     failed_tasks,
 )
 from sentinel.tasks import SpecError
-from sentinel.types import Candidate, Task, canonical_json
+from sentinel.tasks.arith import TRUNCATED
+from sentinel.types import Candidate, Failure, Task, Trajectory, canonical_json
 
 
 class FaultGeneratorConfig(GeneratorConfig):
@@ -46,6 +55,30 @@ class FaultGeneratorConfig(GeneratorConfig):
                                     "family's fault_types)")
     shorten: bool = Field(False, description="propose the sub-problem at the fault's call "
                           "(family.decompose), so the remedy decides the outcome")
+    recovered_too: bool = Field(False, description="also mine failures whose rollout got past "
+                                "its fault (a successful call after it, before the first error) "
+                                "or never met it")
+
+
+def recovered(trajectory: Trajectory, failure: Failure) -> bool:
+    """Whether the failed rollout got past its fault before failing, or never met it (module
+    docstring): false when the fault (a non-parse tool error or a truncated result) came and no
+    successful call (not `wait`) followed it before the first erroneous step."""
+    first = failure.first_error_step
+    met = False
+    for step in trajectory.steps:
+        if first is not None and step.index >= first:
+            break
+        fault = ((step.error is not None and step.error_kind != "parse")
+                 or (step.observation or "").endswith(TRUNCATED))
+        if met and not fault and step.kind == "tool_call" and step.tool != "wait":
+            return True
+        met = met or fault
+    if first is not None and not met:  # the fault may be the first error itself
+        step = next((s for s in trajectory.steps if s.index == first), None)
+        met = step is not None and ((step.error is not None and step.error_kind != "parse")
+                                    or (step.observation or "").endswith(TRUNCATED))
+    return not met
 
 
 class FaultGenerator(BaseGenerator):
@@ -62,8 +95,18 @@ class FaultGenerator(BaseGenerator):
             return []
         return list(self.config.types or family.fault_types())
 
+    def _keep(self, ctx: GenerationContext) -> Callable[[Failure], bool]:
+        def keep(failure: Failure) -> bool:
+            task, trajectory = ctx.tasks.get(failure.task_id), ctx.trajectories.get(failure.traj_id)
+            if self.config.recovered_too or trajectory is None or task is None:
+                return True
+            if task.family in ctx.families and not ctx.families[task.family].faults_of(task.spec):
+                return True  # a clean task: `clean_too` decides
+            return not recovered(trajectory, failure)
+        return keep
+
     def generate(self, ctx: GenerationContext) -> Iterator[Candidate]:
-        order = [(task, failures, types) for task, failures in failed_tasks(ctx)
+        order = [(task, failures, types) for task, failures in failed_tasks(ctx, self._keep(ctx))
                  if (types := self._types(ctx, task))]
         proposed = {canonical_json([task.family, task.spec]) for task, _, _ in order}
         made = 0

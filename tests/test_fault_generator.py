@@ -8,7 +8,7 @@ import random
 from generators import GenerationContext, load_generator, validate_candidates
 from sentinel.env.faults import FAULT_TYPES
 from sentinel.tasks.arith import ArithConfig, ArithFamily
-from sentinel.types import Failure, Task
+from sentinel.types import Failure, Step, Task, Trajectory
 
 FAMILY = ArithFamily(ArithConfig(instruction="", fault_types=list(FAULT_TYPES)))
 FAMILIES = {"arith": FAMILY}
@@ -71,3 +71,40 @@ def test_shorten_gives_the_sub_problem_at_the_fault() -> None:
         # One operation (the parent's third, a multiplication), the fault at its only call.
         assert "steps:1" in task.skills and "op:mul" in task.skills
         assert c.spec["faults"] == [{"type": "timeout", "call": 0}]
+
+
+def _step(i: int, expression: str, observation: str, tool: str = "calculator",
+          error_kind: str | None = None) -> Step:
+    return Step(i, f"call {i}", "tool_call", tool=tool, arguments={"expression": expression},
+                observation=observation, error=observation if error_kind else None,
+                error_kind=error_kind)
+
+
+def test_only_failures_that_did_not_get_past_the_fault_are_mined() -> None:
+    """A rollout that met its fault and then made a successful call before its first error
+    recovered (its failure is a later copy error: `restart`'s); one stuck at the fault is mined;
+    `recovered_too` mines both."""
+    task = FAMILY.make_task({"expr": "10-19*3", "faults": [{"type": "renamed", "call": 0}]})
+    renamed = _step(0, "19*3", "Error: unknown tool 'calculator'", error_kind="unknown_tool")
+    got_past = [renamed, _step(1, "19*3", "57", tool="calc"), _step(2, "10-77", "-67", "calc"),
+                Step(3, "<answer>-67</answer>", "answer", answer="-67")]
+    stuck = [renamed, _step(1, "19*3", "Error: unknown tool 'calculator'",
+                            error_kind="unknown_tool"),
+             Step(2, "<answer>57</answer>", "answer", answer="57")]
+
+    def ctx(steps: list[Step], first: int) -> GenerationContext:
+        traj = Trajectory(task_id=task.task_id, messages=[], token_ids=[], loss_mask=[],
+                          logprobs=[], steps=steps, finish_reason="answer", traj_id="t-1")
+        failure = Failure(traj_id="t-1", task_id=task.task_id, round=1, mode="premature_answer",
+                          first_error_step=first, evidence="", skills=task.skills, family="arith")
+        return GenerationContext(round=1, failures=[failure], tasks={task.task_id: task},
+                                 families=FAMILIES, rng=random.Random(0), budget=8,
+                                 trajectories={"t-1": traj})
+
+    gen = load_generator({"type": "fault"})
+    assert list(gen.generate(ctx(got_past, first=2))) == []
+    assert list(gen.generate(ctx(stuck, first=0)))
+    assert list(load_generator({"type": "fault", "recovered_too": True}).generate(
+        ctx(got_past, first=2)))
+    # The first error at the successful call itself: nothing succeeded before it, not recovered.
+    assert list(gen.generate(ctx(got_past, first=1)))

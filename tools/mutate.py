@@ -118,6 +118,12 @@ MUTATIONS: list[Mutation] = [
              'rows.sort(key=lambda r: (-r["n_failures"], r["cluster_id"]))',
              'rows.sort(key=lambda r: (r["n_failures"], r["cluster_id"]))', ANALYZER),
     # -- curriculum ---------------------------------------------------------------------------
+    Mutation("fault-mines-recovered-failures", "generators/fault.py",
+             'if met and not fault and step.kind == "tool_call" and step.tool != "wait":',
+             "if False:", ("tests/test_fault_generator.py",)),
+    Mutation("fault-first-error-fault-not-met", "generators/fault.py",
+             "    if first is not None and not met:  # the fault may be the first error itself",
+             "    if False:", ("tests/test_fault_generator.py",)),
     Mutation("curriculum-untried-ignores-generator", "sentinel/curriculum.py",
              "for key in ((task.target_cluster_id, task.generator), task.target_cluster_id):",
              "for key in (task.target_cluster_id,):", CURRICULUM),
