@@ -15,8 +15,9 @@ rollout that met the fault (a tool's error, not a parse error, or a truncated re
 made a successful call (not `wait`) before its first erroneous step recovered, and failed later
 (in the recovery bench, most failures of `renamed` tasks called `calc` correctly and then copied
 a negative intermediate wrongly into the next call): that is a copy error for `restart`, not
-more of the fault. A failure whose rollout never met its fault is not a recovery failure either;
-one whose trajectory is not in the context counts as unrecovered (nothing says otherwise).
+more of the fault. A failure that went wrong before it met its fault is mined: for `notation`,
+a fault of the task's text, the failure is misreading `3x11*20` (calling `3*20`), never an
+error from the tool. A failure whose trajectory is not in the context counts as unrecovered.
 
 `clean_too: true` also turns failed *clean* tasks into fault tasks (a type from `types`, or the
 family's own fault types), for runs whose base distribution holds few faults.
@@ -56,29 +57,24 @@ class FaultGeneratorConfig(GeneratorConfig):
     shorten: bool = Field(False, description="propose the sub-problem at the fault's call "
                           "(family.decompose), so the remedy decides the outcome")
     recovered_too: bool = Field(False, description="also mine failures whose rollout got past "
-                                "its fault (a successful call after it, before the first error) "
-                                "or never met it")
+                                "its fault (a successful call after it, before the first error)")
 
 
 def recovered(trajectory: Trajectory, failure: Failure) -> bool:
-    """Whether the failed rollout got past its fault before failing, or never met it (module
-    docstring): false when the fault (a non-parse tool error or a truncated result) came and no
-    successful call (not `wait`) followed it before the first erroneous step."""
+    """Whether the failed rollout got past its fault before failing (module docstring): it met
+    the fault (a non-parse tool error or a truncated result) and a successful call (not `wait`)
+    followed before the first erroneous step."""
     first = failure.first_error_step
     met = False
     for step in trajectory.steps:
         if first is not None and step.index >= first:
-            break
+            return False
         fault = ((step.error is not None and step.error_kind != "parse")
                  or (step.observation or "").endswith(TRUNCATED))
         if met and not fault and step.kind == "tool_call" and step.tool != "wait":
             return True
         met = met or fault
-    if first is not None and not met:  # the fault may be the first error itself
-        step = next((s for s in trajectory.steps if s.index == first), None)
-        met = step is not None and ((step.error is not None and step.error_kind != "parse")
-                                    or (step.observation or "").endswith(TRUNCATED))
-    return not met
+    return False
 
 
 class FaultGenerator(BaseGenerator):

@@ -108,3 +108,15 @@ def test_only_failures_that_did_not_get_past_the_fault_are_mined() -> None:
         ctx(got_past, first=2)))
     # The first error at the successful call itself: nothing succeeded before it, not recovered.
     assert list(gen.generate(ctx(got_past, first=1)))
+    # Wrong before the fault came (a notation task misread: `3x11*20` called as `3*20`): mined.
+    notation = FAMILY.make_task({"expr": "3*11*20", "faults": [{"type": "notation", "call": 0}]})
+    misread = [_step(0, "3*20", "60"), _step(1, "60*20", "1200"),
+               Step(2, "<answer>1200</answer>", "answer", answer="1200")]
+    failure = Failure(traj_id="t-2", task_id=notation.task_id, round=1, mode="premature_answer",
+                      first_error_step=0, evidence="", skills=notation.skills, family="arith")
+    traj = Trajectory(task_id=notation.task_id, messages=[], token_ids=[], loss_mask=[],
+                      logprobs=[], steps=misread, finish_reason="answer", traj_id="t-2")
+    made = list(gen.generate(GenerationContext(
+        round=1, failures=[failure], tasks={notation.task_id: notation}, families=FAMILIES,
+        rng=random.Random(0), budget=8, trajectories={"t-2": traj})))
+    assert made and all(c.spec["faults"][0]["type"] == "notation" for c in made)
