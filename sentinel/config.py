@@ -259,6 +259,12 @@ class CurriculumConfig(Section):
         "the update has a success to move toward; 'mined': failure-mined tasks only, 'all': "
         "every task. The store and the pass rates keep the policy's own rollouts; the reference "
         "is only trained on (trainer.backend 'sentinel')")
+    balance_skills: str | None = Field(
+        None, min_length=1, pattern=r"^[^:\s]+$", description="a skill namespace (e.g. "
+        "'recover', whose skills are 'recover:T'): the mined share is dealt out evenly over the "
+        "strata of the mined pool, a task's stratum being its first skill in this namespace "
+        "(tasks with none form one stratum), and `weighting` chooses within each stratum; "
+        "null: one pool")
     learnability_floor: float = Field(
         0.01, gt=0, description="weighting: learnability: added to every task's p(1-p) (at "
         "most 0.25; a large floor draws nearly uniformly)",

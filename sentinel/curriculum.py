@@ -23,7 +23,13 @@ where `fault` tasks of the same clusters were solved in 61 %), else of all the t
 `target_cluster_id`, else of its parent task, else the prior alone (p = 0.5, the largest weight:
 what nobody has tried yet is tried first). So a group the policy always or never solves (no GRPO
 signal) makes its task, and untried tasks of its cluster, unlikely to be drawn again, while the
-floor keeps every task reachable. Every draw comes from the curriculum's own rng, which the
+floor keeps every task reachable.
+
+With `balance_skills` (a skill namespace such as `recover`), the mined share is first dealt out
+evenly over the strata of the mined pool, a stratum being a task's first skill in it (`recover:T`;
+tasks without one form a stratum of their own), and `weighting` chooses within each stratum: in
+the recovery bench, learnability alone gave 61 % of the mined rollouts to one fault type while the
+remedies of the others were forgotten. Every draw comes from the curriculum's own rng, which the
 state holds, so a resumed run draws as an uninterrupted one. Simplifications: a task's own
 outcomes are not shrunk towards its cluster's, and outcomes do not decay with age.
 
@@ -68,7 +74,11 @@ class Curriculum:
                  replay_fraction: float, mastery_threshold: float, mastery_min_samples: int,
                  seed: int, excluded_ids: set[str] | None = None,
                  gate: ZeroVarianceGate | None = None, weighting: str = "newest",
-                 learnability_prior: float = 1.0, learnability_floor: float = 0.01) -> None:
+                 learnability_prior: float = 1.0, learnability_floor: float = 0.01,
+                 balance_skills: str | None = None) -> None:
+        if balance_skills is not None and not balance_skills:
+            raise ValueError("curriculum.balance_skills must be a skill namespace (such as "
+                             "'recover', for the skills 'recover:*') or null")
         if weighting not in WEIGHTINGS:
             raise ValueError(f"curriculum.weighting must be one of {', '.join(WEIGHTINGS)}, "
                              f"got {weighting!r}")
@@ -79,6 +89,7 @@ class Curriculum:
             raise ValueError("curriculum.learnability_floor must be > 0 (so no task starves), "
                              f"got {learnability_floor!r}")
         self.weighting = weighting
+        self.balance_skills = balance_skills
         self.prior, self.floor = learnability_prior, learnability_floor
         self.base_sampler = base_sampler
         self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
@@ -106,7 +117,8 @@ class Curriculum:
                    gate=ZeroVarianceGate(drop=config.drop_zero_variance,
                                          on=config.zero_variance_on),
                    weighting=config.weighting, learnability_prior=config.learnability_prior,
-                   learnability_floor=config.learnability_floor)
+                   learnability_floor=config.learnability_floor,
+                   balance_skills=config.balance_skills)
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -193,6 +205,32 @@ class Curriculum:
         self._last_learnability["chosen"].update((t, learn[t]) for t in chosen)
         return chosen
 
+    def stratum(self, task_id: str) -> str:
+        """The `balance_skills` stratum of a task: its first skill in that namespace (`ns:...`),
+        else ''."""
+        prefix = f"{self.balance_skills}:"
+        return next((s for s in self.tasks[task_id].skills if s.startswith(prefix)), "")
+
+    def _balanced(self, pool: list[str], k: int,
+                  choose: Callable[[list[str], int], list[str]]) -> list[str]:
+        """`k` of `pool` (in pool order), picked by `choose(subpool, k)`. Without
+        `balance_skills`, one call on the whole pool. With it, the slots are dealt out one at a
+        time over the strata present (sorted; a stratum with no task left is passed over), so
+        no stratum takes more than its even share while another still has tasks, and `choose`
+        picks within each stratum."""
+        if self.balance_skills is None or k <= 0:
+            return choose(pool, k)
+        strata: dict[str, list[str]] = defaultdict(list)
+        for t in pool:
+            strata[self.stratum(t)].append(t)
+        slots = dict.fromkeys(sorted(strata), 0)
+        while sum(slots.values()) < min(k, len(pool)):
+            for name in slots:
+                if sum(slots.values()) < k and slots[name] < len(strata[name]):
+                    slots[name] += 1
+        picked = {t for name, m in slots.items() if m for t in choose(strata[name], m)}
+        return [t for t in pool if t in picked]
+
     def sample(self, n: int) -> list[Task]:
         """`n` distinct tasks: mined, then replay (each share chosen as `weighting` says), then
         base draws fill the rest."""
@@ -201,12 +239,13 @@ class Curriculum:
         if self.weighting == "learnability":
             self._last_learnability = {"chosen": {}, "pool": {}}
             clusters = self._cluster_outcomes()
-            chosen = self._draw([t for t in self.mined if not self.mastered(t)], n_mined_slots,
-                                clusters)
+            chosen = self._balanced([t for t in self.mined if not self.mastered(t)],
+                                    n_mined_slots, lambda pool, k: self._draw(pool, k, clusters))
             n_mined = len(chosen)
             chosen += self._draw(self._replayable(set(chosen)), n_replay_slots, clusters)
         else:
-            chosen = self._fresh_mined()[:n_mined_slots]
+            chosen = self._balanced(self._fresh_mined(), n_mined_slots,
+                                    lambda pool, k: pool[:k])
             n_mined = len(chosen)
             replay = self._replayable(set(chosen))
             self.rng.shuffle(replay)

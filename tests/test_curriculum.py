@@ -501,3 +501,69 @@ def test_from_config_passes_the_learnability_keys() -> None:
     assert (cur.weighting, cur.prior, cur.floor) == ("learnability", 2.5, 0.05)
     assert Curriculum.from_config(load_config(data={}).curriculum, ARITH.sample_task, seed=0,
                                   excluded_ids=set()).weighting == "newest"
+
+
+# -- balance_skills ------------------------------------------------------------------------------
+
+def _typed(i: int, fault: str | None) -> Task:
+    task = ARITH.make_task({"expr": f"{i}*{i + 3}+{i}"}, origin="generated", created_round=1)
+    if fault is not None:
+        task.skills = [*task.skills, f"recover:{fault}"]
+    return task
+
+
+@pytest.mark.parametrize("weighting", ["newest", "learnability"])
+def test_balance_skills_deals_the_mined_share_evenly_over_fault_types(weighting: str) -> None:
+    """Twenty rate-limit tasks, two notation tasks and two tasks with no fault skill are mined;
+    eight mined slots: without balancing the rate-limit tasks take (nearly) all of them, with
+    `balance_skills: recover` each stratum gets its even share, capped by its size, and the
+    slots a small stratum cannot use go to the others."""
+    tasks = ([_typed(i, "notation") for i in range(21, 23)]
+             + [_typed(i, None) for i in range(23, 25)]
+             + [_typed(i, "rate_limit") for i in range(1, 21)])  # the newest
+
+    def counts(balance: str | None, seed: int) -> dict[str, int]:
+        cur = Curriculum(ARITH.sample_task, mined_fraction=0.5, replay_fraction=0.0,
+                         mastery_threshold=0.75, mastery_min_samples=1000, seed=seed,
+                         weighting=weighting, balance_skills=balance)
+        cur.add_mined(tasks)
+        batch = cur.sample(16)
+        assert cur.metrics()["curriculum/mined_in_batch"] == 8
+        mined = [t for t in batch if t.origin == "generated"]
+        out: dict[str, int] = {}
+        for t in mined:
+            key = next((s for s in t.skills if s.startswith("recover:")), "none")
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    for seed in range(5):
+        assert counts("recover", seed) == {"recover:rate_limit": 4, "recover:notation": 2,
+                                            "none": 2}
+    unbalanced = counts(None, 0)
+    assert unbalanced.get("recover:rate_limit", 0) >= 6
+
+
+def test_balance_skills_keeps_learnability_within_a_stratum() -> None:
+    """Within one stratum the learnability draw still decides: of two rate-limit tasks seen at
+    0/40 and 20/40, the one slot the stratum gets goes to the 20/40 task with probability
+    0.26 / (0.26 + 0.033) = 0.89 (p(1-p) + floor), not 0.5."""
+    cur = Curriculum(ARITH.sample_task, mined_fraction=1.0, replay_fraction=0.0,
+                     mastery_threshold=0.99, mastery_min_samples=1000, seed=0,
+                     weighting="learnability", balance_skills="recover")
+    hard, mid, other = _typed(1, "rate_limit"), _typed(2, "rate_limit"), _typed(3, "timeout")
+    cur.add_mined([hard, mid, other])
+    cur.observe(_observed(hard, 0, 40, "g1") + _observed(mid, 20, 40, "g2"))
+    picks = [_ids(cur.sample(2)) for _ in range(200)]
+    assert all(other.task_id in p for p in picks)
+    share_mid = sum(mid.task_id in p for p in picks) / len(picks)
+    assert share_mid > 0.8
+
+
+def test_balance_skills_config_key() -> None:
+    config = load_config(data={}, overrides=["curriculum.balance_skills=recover"])
+    cur = Curriculum.from_config(config.curriculum, ARITH.sample_task, seed=0, excluded_ids=set())
+    assert cur.balance_skills == "recover"
+    assert load_config(data={}).curriculum.balance_skills is None
+    for bad in ("''", "'recover:'"):
+        with pytest.raises(ConfigError, match=r"config key 'curriculum\.balance_skills'"):
+            load_config(data={}, overrides=[f"curriculum.balance_skills={bad}"])
