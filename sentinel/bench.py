@@ -48,7 +48,12 @@ only the failure arm fell short, `~` when both partly did, `n/a` when neither ar
 it).
 
 Runs already complete in OUT are reused and a run that died is resumed, so an interrupted bench
-continues where it stopped.
+continues where it stopped; a run in OUT made with another loop config (a changed `sft` section,
+seed, recipe) is an error naming the keys, never silently reused. `bench.*` keys (target,
+parallel, ...) are not part of a run's config: a finished bench can be re-summarised with another
+target. Each run directory keeps the torch threads it ran on in `bench-threads`, and
+`results.json` the cold start's (`cold_start_threads`): CPU training results depend on the
+thread count, so a cold start remade on other threads is another cold start.
 """
 
 from __future__ import annotations
@@ -157,14 +162,43 @@ def _completed(run_dir: Path) -> list[int]:
         return []
 
 
+def config_diff(old: Any, new: Any, path: str = "") -> list[str]:
+    """The dotted keys where two loop configs differ (`policy.model` is ignored when both point
+    at a `cold-start/policy`: the same shared start, wherever OUT now lies).
+
+    >>> config_diff({"sft": {"steps": 600}, "seed": 0}, {"sft": {"steps": 400}, "seed": 0})
+    ['sft.steps']
+    """
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in config_diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
+    if path == "policy.model" and all(str(v).replace("\\", "/").endswith("cold-start/policy")
+                                      for v in (old, new)):
+        return []
+    return [] if old == new else [path or "(root)"]
+
+
 def _launch(config: dict[str, Any], run_dir: Path, rounds: int, threads: int) -> float:
-    """Run (or resume, or skip) one `sentinel loop`; returns its wall seconds."""
+    """Run (or resume, or skip) one `sentinel loop`; returns its wall seconds. A run found in
+    `run_dir` is reused or resumed only if it was made with the same loop config: otherwise
+    `BenchError` names the keys that differ (a bench re-invoked with a changed config must not mix
+    runs of two configs, nor train its arms from a stale cold start). The torch threads of each
+    launch are appended to `bench-threads` (CPU results depend on them)."""
     done = _completed(run_dir)
+    cfg_path = run_dir / "bench-config.yaml"
+    if done and cfg_path.exists():
+        made = yaml.safe_load(cfg_path.read_text())
+        diff = config_diff(made, yaml.safe_load(yaml.safe_dump(config, sort_keys=False)))
+        if diff:
+            raise BenchError(f"{run_dir} holds a run made with another config (differs in "
+                             f"{', '.join(diff)}): use another --out, or remove {run_dir} "
+                             "(a changed cold start invalidates every arm run too)")
     if done and done[-1] >= rounds:
         return 0.0
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = run_dir / "bench-config.yaml"
     cfg_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    with open(run_dir / "bench-threads", "a") as f:
+        f.write(f"{threads}\n")
     cmd = [sys.executable, "-m", "sentinel.cli", "loop", "--config", str(cfg_path),
            "--run-dir", str(run_dir)]
     if done:
@@ -178,6 +212,13 @@ def _launch(config: dict[str, Any], run_dir: Path, rounds: int, threads: int) ->
         raise BenchError(f"run {run_dir} failed (exit {rc}); end of {run_dir / 'bench.log'}:\n"
                          f"{tail}")
     return time.time() - started
+
+
+def _threads(run_dir: Path) -> int | None:
+    """The torch threads `run_dir`'s run was (last) launched with; None if not recorded."""
+    path = run_dir / "bench-threads"
+    lines = path.read_text().split() if path.exists() else []
+    return int(lines[-1]) if lines else None
 
 
 @dataclass
@@ -534,6 +575,7 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
     summary["seconds"] = time.time() - started
     summary["command"] = command
     summary["run_seconds"] = {f"{r.arm}-s{r.seed}": r.seconds for r in results}
+    summary["cold_start_threads"] = _threads(cold)
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     plot(summary, out / "curves.png")
     table = markdown_table(summary)
@@ -541,7 +583,8 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
     (out / "results.md").write_text(
         f"# Curriculum bench\n\n`{command}`\n\nTarget {_metric_name(b.metric)} {b.target:g}; "
         f"{seeds} seed(s); this invocation {summary['seconds'] / 60:.1f} min (runs found "
-        f"finished in {out} were reused, not rerun).\n\n{table}\n\n"
+        f"finished in {out} were reused, not rerun); cold start made on "
+        f"{summary['cold_start_threads'] or 'unrecorded'} torch thread(s).\n\n{table}\n\n"
         f"![held-out success against rollouts](curves.png)\n\n{line}\n")
     console.print(table)
     console.print(line)

@@ -17,6 +17,7 @@ from sentinel.bench import (
     area_under,
     arm_config,
     bootstrap_ci,
+    config_diff,
     load_bench_config,
     markdown_table,
     ratio_line,
@@ -77,6 +78,16 @@ def test_bad_bench_config_names_the_key(tmp_path):
         load_bench_config(path)
 
 
+def test_config_diff_names_the_keys_that_differ():
+    base = {"seed": 0, "sft": {"steps": 600, "lr": 1e-3},
+            "policy": {"model": "/a/cold-start/policy"}}
+    assert config_diff(base, base) == []
+    # The shared start moved with OUT: the same start.
+    assert config_diff(base, {**base, "policy": {"model": "/b/cold-start/policy"}}) == []
+    assert config_diff(base, {**base, "policy": {"model": "tiny"}}) == ["policy.model"]
+    assert config_diff(base, {**base, "seed": 1, "sft": {"steps": 600}}) == ["seed", "sft.lr"]
+
+
 def test_figures():
     assert rollouts_to_target([0, 10, 20], [0.1, 0.3, 0.5], 0.4) == pytest.approx(15.0)
     runs = [RunResult("failure", 0, [0, 10, 20], [0.1, 0.3, 0.5], {"a": 0.5}),
@@ -129,6 +140,15 @@ def test_bench_smoke(tmp_path):
                                      "--out", str(out)])
     assert again.exit_code == 0, again.output
     assert json.loads((out / "results.json").read_text())["arms"] == summary["arms"]
+    # ... and the cold start is made with parallel x threads torch threads, recorded.
+    assert summary["cold_start_threads"] == 2
+    # A re-invocation with another cold start must not reuse the runs made with the old one.
+    changed = {**TINY, "sft": {**TINY["sft"], "steps": 4}}
+    cfg.write_text(yaml.safe_dump(changed))
+    stale = CliRunner().invoke(app, ["bench", "curriculum", "--config", str(cfg), "--seeds", "1",
+                                     "--out", str(out)])
+    assert stale.exit_code != 0
+    assert "sft.steps" in stale.output and "cold-start" in stale.output, stale.output
 
 
 def test_held_out_entries_sample_with_their_own_config(tmp_path):

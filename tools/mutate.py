@@ -290,6 +290,14 @@ MUTATIONS: list[Mutation] = [
              'if job[0] == "exposure" and (not needs_share or ("failure", job[1]) in done):',
              'if job[0] == "exposure" and all(j[0] == "exposure" for j in pending):',
              ("tests/test_bench.py::test_exposure_runs_start_when_their_failure_run_ends",)),
+    # -- the bench never reuses a run made with another config (a stale cold start).
+    Mutation("bench-reuses-stale-run", "sentinel/bench.py",
+             "        if diff:\n", "        if False:\n",
+             ("tests/test_bench.py::test_bench_smoke",)),
+    Mutation("bench-config-diff-blind", "sentinel/bench.py",
+             "    return [] if old == new else [path or \"(root)\"]",
+             "    return []",
+             ("tests/test_bench.py::test_config_diff_names_the_keys_that_differ",)),
     # -- zero-advantage rows forward only (trainers/grpo.py): taken, exact, and only there.
     Mutation("grpo-inert-never-skipped", "trainers/grpo.py",
              'return self.skip_inert and self.config.beta == 0 and self.config.cov_penalty == '
