@@ -49,9 +49,11 @@ it).
 
 Runs already complete in OUT are reused and a run that died is resumed, so an interrupted bench
 continues where it stopped; a run in OUT made with another loop config (a changed `sft` section,
-seed, recipe) is an error naming the keys, never silently reused. `bench.*` keys (target,
-parallel, ...) are not part of a run's config: a finished bench can be re-summarised with another
-target. Each run directory keeps the torch threads it ran on in `bench-threads`, and
+seed, recipe) is an error naming the keys, never silently reused. The cold start is compared
+without the sections it never reads (`COLD_START_UNUSED`: batch, curriculum, generation,
+generators, grpo), so a bench that changes only how its arms train reuses it. `bench.*` keys
+(target, parallel, ...) are not part of a run's config: a finished bench can be re-summarised
+with another target. Each run directory keeps the torch threads it ran on in `bench-threads`, and
 `results.json` the cold start's (`cold_start_threads`): CPU training results depend on the
 thread count, so a cold start remade on other threads is another cold start.
 """
@@ -162,15 +164,22 @@ def _completed(run_dir: Path) -> list[int]:
         return []
 
 
-def config_diff(old: Any, new: Any, path: str = "") -> list[str]:
-    """The dotted keys where two loop configs differ (`policy.model` is ignored when both point
-    at a `cold-start/policy`: the same shared start, wherever OUT now lies).
+# Sections a cold start (`rounds: 0`: SFT and the round-0 eval) never reads: a bench that changes
+# only how its arms train reuses the cold start it kept.
+COLD_START_UNUSED = ("batch", "curriculum", "generation", "generators", "grpo")
+
+
+def config_diff(old: Any, new: Any, path: str = "", ignore: tuple[str, ...] = ()) -> list[str]:
+    """The dotted keys where two loop configs differ, top-level sections in `ignore` left out
+    (`policy.model` is ignored when both point at a `cold-start/policy`: the same shared start,
+    wherever OUT now lies).
 
     >>> config_diff({"sft": {"steps": 600}, "seed": 0}, {"sft": {"steps": 400}, "seed": 0})
     ['sft.steps']
     """
     if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in sorted(set(old) | set(new), key=str)
+        keys = sorted((set(old) | set(new)) - set(ignore), key=str)
+        return [d for k in keys
                 for d in config_diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
     if path == "policy.model" and all(str(v).replace("\\", "/").endswith("cold-start/policy")
                                       for v in (old, new)):
@@ -178,17 +187,20 @@ def config_diff(old: Any, new: Any, path: str = "") -> list[str]:
     return [] if old == new else [path or "(root)"]
 
 
-def _launch(config: dict[str, Any], run_dir: Path, rounds: int, threads: int) -> float:
+def _launch(config: dict[str, Any], run_dir: Path, rounds: int, threads: int,
+            ignore: tuple[str, ...] = ()) -> float:
     """Run (or resume, or skip) one `sentinel loop`; returns its wall seconds. A run found in
     `run_dir` is reused or resumed only if it was made with the same loop config: otherwise
     `BenchError` names the keys that differ (a bench re-invoked with a changed config must not mix
     runs of two configs, nor train its arms from a stale cold start). The torch threads of each
-    launch are appended to `bench-threads` (CPU results depend on them)."""
+    launch are appended to `bench-threads` (CPU results depend on them). `ignore`: top-level
+    sections the run does not read (the cold start's `COLD_START_UNUSED`)."""
     done = _completed(run_dir)
     cfg_path = run_dir / "bench-config.yaml"
     if done and cfg_path.exists():
         made = yaml.safe_load(cfg_path.read_text())
-        diff = config_diff(made, yaml.safe_load(yaml.safe_dump(config, sort_keys=False)))
+        diff = config_diff(made, yaml.safe_load(yaml.safe_dump(config, sort_keys=False)),
+                           ignore=ignore)
         if diff:
             raise BenchError(f"{run_dir} holds a run made with another config (differs in "
                              f"{', '.join(diff)}): use another --out, or remove {run_dir} "
@@ -545,7 +557,8 @@ def run_curriculum_bench(config: BenchConfig, seeds: int, out: Path, *, command:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console) as progress:
         bar = progress.add_task("cold start (SFT)", total=1 + len(runs))
-        _launch(cold_cfg, cold, 0, b.threads * b.parallel)  # alone: all the threads
+        # Alone: all the threads.
+        _launch(cold_cfg, cold, 0, b.threads * b.parallel, ignore=COLD_START_UNUSED)
         progress.update(bar, advance=1, description="arms x seeds")
         policy = cold / "policy"
 

@@ -5,6 +5,7 @@ that the parts connect, not which arm wins."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -86,6 +87,7 @@ def test_config_diff_names_the_keys_that_differ():
     assert config_diff(base, {**base, "policy": {"model": "/b/cold-start/policy"}}) == []
     assert config_diff(base, {**base, "policy": {"model": "tiny"}}) == ["policy.model"]
     assert config_diff(base, {**base, "seed": 1, "sft": {"steps": 600}}) == ["seed", "sft.lr"]
+    assert config_diff(base, {**base, "seed": 1, "sft": {"steps": 6}}, ignore=("sft",)) == ["seed"]
 
 
 def test_figures():
@@ -149,6 +151,16 @@ def test_bench_smoke(tmp_path):
                                      "--out", str(out)])
     assert stale.exit_code != 0
     assert "sft.steps" in stale.output and "cold-start" in stale.output, stale.output
+    # A bench that changes only how the arms train reuses a kept cold start, not remaking it.
+    kept = tmp_path / "kept"
+    shutil.copytree(out / "cold-start", kept / "cold-start")
+    arms_only = {**TINY, "grpo": {**TINY["grpo"], "lr": 1e-5}, "bench": {**TINY["bench"],
+                                                                        "arms": ["uniform"]}}
+    cfg.write_text(yaml.safe_dump(arms_only))
+    reused = CliRunner().invoke(app, ["bench", "curriculum", "--config", str(cfg), "--seeds",
+                                      "1", "--out", str(kept)])
+    assert reused.exit_code == 0, reused.output
+    assert (kept / "cold-start" / "bench-threads").read_text().split() == ["2"]
 
 
 def test_held_out_entries_sample_with_their_own_config(tmp_path):
