@@ -22,6 +22,12 @@ error from the tool. A failure whose trajectory is not in the context counts as 
 `clean_too: true` also turns failed *clean* tasks into fault tasks (a type from `types`, or the
 family's own fault types), for runs whose base distribution holds few faults.
 
+`fresh: true` proposes a new draw of the family instead (`family.sample_spec`, its faults removed,
+then `with_fault` of the failed type): the failure picks only the fault type, never the instance.
+It separates what mining chooses (which faults) from what it trains on (variations of the failed
+instances): in the recovery bench's fifth run the mined fault tasks taught less than fresh fault
+tasks of every type (`exposure`, docs/results.md).
+
 `shorten: true` makes the new task the sub-problem at the fault's call (`family.decompose` of the
 perturbed spec at that call; the spec itself when the family offers no decomposition), carrying
 the fault at its only call: a group's outcome then turns on the remedy, not on the copy-sensitive
@@ -56,6 +62,8 @@ class FaultGeneratorConfig(GeneratorConfig):
                                     "family's fault_types)")
     shorten: bool = Field(False, description="propose the sub-problem at the fault's call "
                           "(family.decompose), so the remedy decides the outcome")
+    fresh: bool = Field(False, description="propose a new draw of the family (faults removed) "
+                        "with the failed fault type, instead of a perturbation of the failed task")
     recovered_too: bool = Field(False, description="also mine failures whose rollout got past "
                                 "its fault (a successful call after it, before the first error)")
 
@@ -113,7 +121,10 @@ class FaultGenerator(BaseGenerator):
                 family = ctx.families[task.family]
                 fault_type = types[i % len(types)]
                 try:
-                    clean = family.perturb(family.without_faults(task.spec), ctx.rng)
+                    if self.config.fresh:
+                        clean = family.without_faults(family.sample_spec(ctx.rng))
+                    else:
+                        clean = family.perturb(family.without_faults(task.spec), ctx.rng)
                     if self.config.shorten:
                         calls = [f["call"] for f in family.faults_of(task.spec)] or [0]
                         clean = family.decompose(clean, calls[0]) or clean

@@ -73,6 +73,30 @@ def test_shorten_gives_the_sub_problem_at_the_fault() -> None:
         assert c.spec["faults"] == [{"type": "timeout", "call": 0}]
 
 
+def test_fresh_draws_new_tasks_of_the_failed_fault_type() -> None:
+    """`fresh`: the failure picks only the fault type; the task is a new draw of the family, not a
+    perturbation (which keeps the parent's operations and length)."""
+    parent = FAMILY.make_task({"expr": "(3+4)*5-6*2", "faults": [{"type": "rate_limit",
+                                                                  "call": 1}]})
+    perturbed = list(load_generator({"type": "fault", "per_failure": 12})
+                     .generate(context([parent])))
+    fresh = list(load_generator({"type": "fault", "per_failure": 12, "fresh": True})
+                 .generate(context([parent])))
+    assert fresh and all(c.spec["faults"][0]["type"] == "rate_limit" for c in fresh)
+    assert all(c.parent_task_id == parent.task_id for c in fresh)
+
+    def shapes(made: list) -> set[tuple[str, ...]]:
+        return {tuple(sorted(s for s in FAMILY.make_task(c.spec).skills
+                             if s.startswith(("steps:", "op:")))) for c in made}
+    # A perturbation keeps the parent's shape (4 operations: add, mul, sub); fresh draws vary.
+    assert shapes(perturbed) == {tuple(sorted(s for s in parent.skills
+                                              if s.startswith(("steps:", "op:"))))}
+    assert len(shapes(fresh)) > 1
+    accepted, _ = validate_candidates(fresh, generator="fault", families=FAMILIES,
+                                      known_task_ids=lambda ids: set(), round=1)
+    assert accepted and all("recover:rate_limit" in t.skills for t in accepted)
+
+
 def _step(i: int, expression: str, observation: str, tool: str = "calculator",
           error_kind: str | None = None) -> Step:
     return Step(i, f"call {i}", "tool_call", tool=tool, arguments={"expression": expression},
