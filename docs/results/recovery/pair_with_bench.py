@@ -9,7 +9,8 @@ arm's fault share; an exposure run made for the variant (`--exposure DIR`) is us
 else the earlier bench's exposure curves, and the output says which.
 
 Prints, for each variant: the ratio line of `sentinel bench` (same target), the final and area of
-the metric, and the paired differences variant - X (last round, area) with bootstrap 95 % CIs.
+the metric, and the paired differences variant - X (last round, area) with bootstrap 95 % CIs,
+X each arm of the earlier bench that ran (a bench of fewer arms is fine), its failure arm too.
 
 Usage: python docs/results/recovery/pair_with_bench.py docs/results/recovery/bench-2026-12-06b.json
            NAME=RUN_DIR_OF_FAILURE_ARM_BENCH [NAME=DIR ...] [--exposure NAME=DIR]
@@ -33,6 +34,8 @@ from sentinel.bench import (
 
 
 def from_json(summary: dict, arm: str) -> list[RunResult]:
+    if arm not in summary["arms"]:
+        return []  # a bench run with fewer arms
     a = summary["arms"][arm]
     out = []
     for curve, share in zip(a["curves"], a["fault_share"], strict=True):
@@ -93,6 +96,16 @@ def main(argv: list[str]) -> None:
             print(f"  failure - {arm:9s} last round {statistics.fmean(last):+.3f} "
                   f"{fmt(bootstrap_ci(last))}; area {statistics.fmean(area):+.3f} "
                   f"{fmt(bootstrap_ci(area))}")
+        earlier_failure = {r.seed: r for r in from_json(earlier, "failure")}
+        pairs = [(r, earlier_failure[r.seed]) for r in failure if r.seed in earlier_failure]
+        if pairs:
+            last = [f.curve(metric)[-1] - o.curve(metric)[-1] for f, o in pairs]
+            area = [area_under(f.rollouts, f.curve(metric)) - area_under(o.rollouts,
+                                                                         o.curve(metric))
+                    for f, o in pairs]
+            print(f"  failure - the earlier bench's failure arm: last round "
+                  f"{statistics.fmean(last):+.3f} {fmt(bootstrap_ci(last))}; area "
+                  f"{statistics.fmean(area):+.3f} {fmt(bootstrap_ci(area))}")
         rise = [r.curve(metric)[-1] - r.curve(metric)[0] for r in failure]
         print(f"  failure round 0 -> last: {statistics.fmean(rise):+.3f} {fmt(bootstrap_ci(rise))}")
 
