@@ -89,6 +89,8 @@ def main(argv: list[str]) -> None:
         base = {r.seed: r for r in failure}
         for arm, rs in others.items():
             pairs = [(base[r.seed], r) for r in rs]
+            if not pairs:
+                continue
             last = [f.curve(metric)[-1] - o.curve(metric)[-1] for f, o in pairs]
             area = [area_under(f.rollouts, f.curve(metric)) - area_under(o.rollouts,
                                                                          o.curve(metric))
