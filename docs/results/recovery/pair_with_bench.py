@@ -87,7 +87,8 @@ def main(argv: list[str]) -> None:
                   f"reached {a['reached']}/{len(a['seeds'])}; fault share "
                   f"{statistics.fmean(a['fault_share']):.3f}")
         base = {r.seed: r for r in failure}
-        for arm, rs in others.items():
+        earlier_failure = [r for r in from_json(earlier, "failure") if r.seed in base]
+        for arm, rs in [*others.items(), ("the earlier bench's failure arm", earlier_failure)]:
             pairs = [(base[r.seed], r) for r in rs]
             if not pairs:
                 continue
@@ -98,16 +99,6 @@ def main(argv: list[str]) -> None:
             print(f"  failure - {arm:9s} last round {statistics.fmean(last):+.3f} "
                   f"{fmt(bootstrap_ci(last))}; area {statistics.fmean(area):+.3f} "
                   f"{fmt(bootstrap_ci(area))}")
-        earlier_failure = {r.seed: r for r in from_json(earlier, "failure")}
-        pairs = [(r, earlier_failure[r.seed]) for r in failure if r.seed in earlier_failure]
-        if pairs:
-            last = [f.curve(metric)[-1] - o.curve(metric)[-1] for f, o in pairs]
-            area = [area_under(f.rollouts, f.curve(metric)) - area_under(o.rollouts,
-                                                                         o.curve(metric))
-                    for f, o in pairs]
-            print(f"  failure - the earlier bench's failure arm: last round "
-                  f"{statistics.fmean(last):+.3f} {fmt(bootstrap_ci(last))}; area "
-                  f"{statistics.fmean(area):+.3f} {fmt(bootstrap_ci(area))}")
         rise = [r.curve(metric)[-1] - r.curve(metric)[0] for r in failure]
         print(f"  failure round 0 -> last: {statistics.fmean(rise):+.3f} {fmt(bootstrap_ci(rise))}")
 
