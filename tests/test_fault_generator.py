@@ -85,12 +85,13 @@ def test_fresh_draws_new_tasks_of_the_failed_fault_type() -> None:
     assert fresh and all(c.spec["faults"][0]["type"] == "rate_limit" for c in fresh)
     assert all(c.parent_task_id == parent.task_id for c in fresh)
 
+    def shape(task: Task) -> tuple[str, ...]:
+        return tuple(sorted(s for s in task.skills if s.startswith(("steps:", "op:"))))
+
     def shapes(made: list) -> set[tuple[str, ...]]:
-        return {tuple(sorted(s for s in FAMILY.make_task(c.spec).skills
-                             if s.startswith(("steps:", "op:")))) for c in made}
+        return {shape(FAMILY.make_task(c.spec)) for c in made}
     # A perturbation keeps the parent's shape (4 operations: add, mul, sub); fresh draws vary.
-    assert shapes(perturbed) == {tuple(sorted(s for s in parent.skills
-                                              if s.startswith(("steps:", "op:"))))}
+    assert shapes(perturbed) == {shape(parent)}
     assert len(shapes(fresh)) > 1
     accepted, _ = validate_candidates(fresh, generator="fault", families=FAMILIES,
                                       known_task_ids=lambda ids: set(), round=1)
