@@ -62,6 +62,18 @@ CASES: dict[str, tuple[dict[str, Any], list[str], list[str]]] = {
                   [calc("3*4"), calc("12+5"), calc("12+5"), format_answer("17")],
                   # using the cut value
                   [calc("3*4"), calc("12+5"), format_answer("1")]),
+    "colon": ({"expr": "24/2+5", "faults": [{"type": "colon", "call": 0}]},
+              [calc("24:2"), calc("24/2"), calc("12+5"), format_answer("17")],
+              # reading the colon as another operator
+              [calc("24:2"), calc("24*2"), calc("48+5"), format_answer("53")]),
+    "plus": ({"expr": "3*4+5", "faults": [{"type": "plus", "call": 1}]},
+             [calc("3*4"), calc("12 plus 5"), calc("12+5"), format_answer("17")],
+             # repeating the user's word
+             [calc("3*4"), calc("12 plus 5"), calc("12 plus 5"), format_answer("12")]),
+    "minus": ({"expr": "3*8-7", "faults": [{"type": "minus", "call": 1}]},
+              [calc("3*8"), calc("24 minus 7"), calc("24-7"), format_answer("17")],
+              # dropping the refused operation
+              [calc("3*8"), calc("24 minus 7"), format_answer("24")]),
 }
 
 
@@ -78,7 +90,7 @@ def test_remedy_verifies_and_non_remedy_fails(faulty: ArithFamily, chat: ChatFor
     good = run(faulty, task, remedy, chat)
     assert good.success, [s.observation for s in good.steps]
     # The fault was really met on the scheduled call: an error or a cut result there.
-    met = good.steps[1] if fault_type != "notation" else good.steps[0]
+    met = good.steps[0] if fault_type in ("notation", "colon") else good.steps[1]
     assert met.error is not None or (met.observation or "").endswith(TRUNCATED)
     assert not run(faulty, task, wrong, chat).success
 
@@ -151,6 +163,27 @@ def test_notation_is_rendered_at_the_scheduled_operation(faulty: ArithFamily) ->
         faulty.validate_spec({"expr": "2*3+4*5", "faults": [{"type": "notation", "call": 2}]})
 
 
+@pytest.mark.parametrize("fault_type, prompt, refused", [
+    ("colon", "Compute 2*3+20:5-1", "write division as /"),
+    ("plus", "Compute 2*3 plus 20/5-1", "write addition as +"),
+    ("minus", "Compute 2*3+20/5 minus 1", "write subtraction as -"),
+])
+def test_each_notation_is_rendered_and_refused_with_its_hint(
+        faulty: ArithFamily, fault_type: str, prompt: str, refused: str) -> None:
+    """A notation type writes only its own operator in the user's form, and the calculator's
+    refusal names the accepted form (what the remedy needs to know)."""
+    rng = random.Random(0)
+    spec = faulty.with_fault({"expr": "2*3+20/5-1"}, fault_type, rng)
+    task = faulty.make_task(spec)
+    assert task.prompt[-1]["content"] == prompt
+    solution = faulty.solve(spec, faulty.tool_map(spec))
+    errors = [c.observation for c in solution.calls if c.observation.startswith("Error")]
+    assert len(errors) == 1 and errors[0].endswith(refused)
+    assert solution.answer == "9"
+    with pytest.raises(SpecError, match="needs a"):  # no operation of its operator
+        faulty.validate_spec({"expr": "2*3", "faults": [{"type": fault_type, "call": 0}]})
+
+
 @pytest.mark.parametrize("faults, message", [
     ([{"type": "meteor", "call": 0}], "unknown fault type"),
     ([{"type": "timeout", "call": 5}], r"\[0, 2\)"),
@@ -209,6 +242,7 @@ def test_config_rejects_unknown_types() -> None:
 @pytest.mark.parametrize("fault_type, mode", [
     ("timeout", "tool_error_unrecovered"), ("rate_limit", "tool_error_unrecovered"),
     ("notation", "bad_arguments"), ("renamed", "unknown_tool"), ("truncated", "premature_answer"),
+    ("plus", "bad_arguments"), ("minus", "bad_arguments"),
 ])
 def test_analyzer_names_the_unrecovered_fault(faulty: ArithFamily, chat: ChatFormat,
                                               fault_type: str, mode: str) -> None:

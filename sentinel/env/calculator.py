@@ -41,6 +41,10 @@ class BinOp:
 
 Node = Num | Neg | BinOp
 PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+OP_NAMES = {"+": "addition", "-": "subtraction", "*": "multiplication", "/": "division"}
+# How users write operations that the calculator refuses, with a hint naming the accepted form
+# (the `notation` fault types of `sentinel.env.faults` render them).
+USER_NOTATION = {"x": "*", "\u00d7": "*", ":": "/", "plus": "+", "minus": "-"}
 
 
 def _tokenize(text: str) -> list[str]:
@@ -59,9 +63,11 @@ def _tokenize(text: str) -> list[str]:
         elif ch in "+-*/()":
             tokens.append(ch)
             i += 1
-        elif ch in "x\u00d7":  # a user's notation for *, which the calculator does not accept
-            raise CalcError(f"unexpected character {ch!r} at position {i}; write "
-                            "multiplication as *")
+        elif word := next((w for w in USER_NOTATION if text.startswith(w, i)), None):
+            # a user's notation the calculator does not accept: say what to write instead
+            op = USER_NOTATION[word]
+            shown = repr(word) if len(word) > 1 else f"character {word!r}"
+            raise CalcError(f"unexpected {shown} at position {i}; write {OP_NAMES[op]} as {op}")
         else:
             raise CalcError(f"unexpected character {ch!r} at position {i}")
     return tokens

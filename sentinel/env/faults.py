@@ -12,10 +12,13 @@ The fault types, each a realistic failure of a tool-serving API with its own rem
 policy sees, the remedy and what fails: the table in docs/families.md, "Fault schedules"):
 `timeout` (retry the call), `rate_limit` (`wait(seconds=2)`, then retry; retrying at once is
 refused again), `notation` (re-issue the user's `x` as `*`), `renamed` (call `calc`: the old name
-stays gone), `truncated` (the result comes back cut in half; call again).
+stays gone), `truncated` (the result comes back cut in half; call again), and three more
+notations: `colon` (`12:4`, re-issue as `/`), `plus` (`3 plus 4`, as `+`), `minus` (`9 minus 2`,
+as `-`).
 
-`notation` is a fault of the task's text, not of the tool: the family renders the operation in the
-user's notation and the calculator refuses it, as it refuses any `x`. The others are made here by
+The notation types (`NOTATIONS`) are faults of the task's text, not of the tool: the family renders
+the operation in the user's notation and the calculator refuses it, as it refuses any `x`, saying
+what to write instead (`sentinel.env.calculator.USER_NOTATION`). The others are made here by
 wrapping the episode's tool (`apply_schedule`), with per-episode state, so `tool_map(spec)` of a
 family returns fresh wrapped tools for every episode.
 """
@@ -26,8 +29,14 @@ from typing import Any, ClassVar
 
 from sentinel.env.tools import BadArguments, NoSuchTool, Tool, ToolFailure, check_arguments
 
-FAULT_TYPES: tuple[str, ...] = ("timeout", "rate_limit", "notation", "renamed", "truncated")
+FAULT_TYPES: tuple[str, ...] = ("timeout", "rate_limit", "notation", "renamed", "truncated",
+                                "colon", "plus", "minus")
 TOOL_FAULTS = ("timeout", "rate_limit", "renamed", "truncated")  # made by wrapping the tool
+# The faults of the task's text: the operation the user writes in a notation the calculator
+# refuses (with a hint), as (operator, how the user writes it).
+NOTATIONS: dict[str, tuple[str, str]] = {
+    "notation": ("*", "x"), "colon": ("/", ":"), "plus": ("+", " plus "), "minus": ("-", " minus "),
+}
 RETRY_AFTER_S = 2
 TRUNCATED = "...[truncated]"
 RENAMED_SUFFIX = " (renamed)"

@@ -11,8 +11,9 @@ Skills: `op:add|sub|mul|div`, `steps:k`, `parens` (the printed form needs parent
 
 Fault schedules (`sentinel.env.faults`): a spec may carry `"faults": [{"type": T, "call": k}]`,
 and then the k-th calculator call of every episode of the task meets fault T (`timeout`,
-`rate_limit`, `renamed`, `truncated`), or, for `notation`, the prompt writes operation k (a
-multiplication, in evaluation order) as `x`, which the calculator refuses. A spec without faults
+`rate_limit`, `renamed`, `truncated`), or, for a notation type (`notation`, `colon`, `plus`,
+`minus`), the prompt writes operation k (in evaluation order; a `*`, `/`, `+` or `-`) as `x`, `:`,
+`plus` or `minus`, which the calculator refuses. A spec without faults
 has no `faults` key, so clean task ids are what they always were. The reference solution meets
 the fault and applies its remedy, so SFT on it demonstrates recovery. `fault_share` and
 `fault_types` put faults into the base distribution; `with_fault` / `without_faults` are the
@@ -29,6 +30,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from sentinel.env.calculator import (
+    OP_NAMES,
     PRECEDENCE,
     BinOp,
     CalcError,
@@ -41,6 +43,7 @@ from sentinel.env.calculator import (
 )
 from sentinel.env.faults import (
     FAULT_TYPES,
+    NOTATIONS,
     RETRY_AFTER_S,
     TRUNCATED,
     Wait,
@@ -118,9 +121,9 @@ def _operand_text(value: int) -> str:
     return f"({value})" if value < 0 else str(value)
 
 
-def render_marked(node: Node, marked: set[int]) -> str:
-    """`render`, with the multiplications whose `id` is in `marked` written as `x` (the user's
-    notation of a `notation` fault)."""
+def render_marked(node: Node, marked: dict[int, str]) -> str:
+    """`render`, with the operations whose `id` is in `marked` written as `marked[id]` (the
+    user's notation of a notation fault: `x` for `*`, ...)."""
     if isinstance(node, Num):
         return str(node.value)
     if isinstance(node, Neg):
@@ -132,7 +135,7 @@ def render_marked(node: Node, marked: set[int]) -> str:
         left = f"({left})"
     if isinstance(node.right, BinOp) and PRECEDENCE[node.right.op] <= prec:
         right = f"({right})"
-    op = "x" if id(node) in marked else node.op
+    op = marked.get(id(node), node.op)
     return f"{left}{op}{right}"
 
 
@@ -170,9 +173,11 @@ class ArithFamily(TaskFamily):
     def with_fault(self, spec: dict[str, Any], fault_type: str,
                    rng: random.Random) -> dict[str, Any] | None:
         """`spec` (its faults removed) carrying one `fault_type` fault at a random call where it
-        can happen (a `notation` fault needs a multiplication); None if there is none."""
+        can happen (a notation fault needs its operator: `notation` a multiplication, `colon` a
+        division, ...); None if there is none."""
         ops = _operations(parse(spec["expr"]))
-        calls = [k for k, op in enumerate(ops) if fault_type != "notation" or op.op == "*"]
+        calls = [k for k, op in enumerate(ops)
+                 if fault_type not in NOTATIONS or op.op == NOTATIONS[fault_type][0]]
         if fault_type not in FAULT_TYPES or not calls:
             return None
         return self.validate_spec({"expr": spec["expr"],
@@ -216,8 +221,9 @@ class ArithFamily(TaskFamily):
             except ValueError as exc:
                 raise SpecError(str(exc)) from exc
             for f in faults:
-                if f["type"] == "notation" and ops[f["call"]].op != "*":
-                    raise SpecError(f"a notation fault needs a multiplication; operation "
+                if f["type"] in NOTATIONS and ops[f["call"]].op != NOTATIONS[f["type"]][0]:
+                    kind, (op, _) = f["type"], NOTATIONS[f["type"]]
+                    raise SpecError(f"a {kind} fault needs a {OP_NAMES[op]}; operation "
                                     f"{f['call']} is {render(ops[f['call']])}")
             out["faults"] = faults
         return out
@@ -270,7 +276,7 @@ class ArithFamily(TaskFamily):
         if self.config.fault_share == 0 or rng.random() >= self.config.fault_share:
             return spec
         # A fault type drawn uniformly, then expressions until one can carry it (a notation
-        # fault needs a multiplication), so every configured type keeps its share.
+        # fault needs its operator), so every configured type keeps its share.
         fault_type = rng.choice(self.config.fault_types)
         for _ in range(MAX_TRIES):
             if (faulty := self.with_fault(spec, fault_type, rng)) is not None:
@@ -282,11 +288,12 @@ class ArithFamily(TaskFamily):
     # -- rendering and tags ------------------------------------------------------------------
     def render(self, spec: dict[str, Any]) -> list[dict[str, str]]:
         expr = spec["expr"]
-        marked = [f["call"] for f in spec.get("faults", []) if f["type"] == "notation"]
+        marked = {f["call"]: NOTATIONS[f["type"]][1] for f in spec.get("faults", [])
+                  if f["type"] in NOTATIONS}
         if marked:
             tree = parse(expr)
             ops = _operations(tree)
-            expr = render_marked(tree, {id(ops[k]) for k in marked})
+            expr = render_marked(tree, {id(ops[k]): written for k, written in marked.items()})
         messages = [{"role": "user", "content": f"Compute {expr}"}]
         if self.config.instruction:
             messages.insert(0, {"role": "system", "content": self.config.instruction})
@@ -317,8 +324,9 @@ class ArithFamily(TaskFamily):
         """One calculator call per operation, bottom-up, left to right; a scheduled fault is met
         and remedied as an agent would from what it sees: the same call again after a timeout or
         a truncated result, `wait` then again after a rate limit, the new name after a rename,
-        `*` after the calculator refused the user's `x`."""
-        notation = {f["call"] for f in spec.get("faults", []) if f["type"] == "notation"}
+        `*` after the calculator refused the user's `x` (and so on for the other notations)."""
+        notation = {f["call"]: NOTATIONS[f["type"]][1] for f in spec.get("faults", [])
+                    if f["type"] in NOTATIONS}
         results: dict[int, int] = {}
         agent = {"tool": "calculator"}
 
@@ -331,7 +339,7 @@ class ArithFamily(TaskFamily):
         for k, op in enumerate(_operations(parse(spec["expr"]))):
             left, right = _operand_text(value(op.left)), _operand_text(value(op.right))
             if k in notation:  # copy the user's `x`, be refused, re-issue with `*`
-                self._refused(solution, tools, agent["tool"], f"{left}x{right}")
+                self._refused(solution, tools, agent["tool"], f"{left}{notation[k]}{right}")
             observation = self._calculate(solution, tools, agent, f"{left}{op.op}{right}")
             try:
                 results[id(op)] = int(observation)
