@@ -53,6 +53,8 @@ from sentinel.tasks import SpecError
 from sentinel.tasks.arith import TRUNCATED
 from sentinel.types import Candidate, Failure, Task, Trajectory, canonical_json
 
+FRESH_TRIES = 20  # fresh draws tried for one candidate before giving it up
+
 
 class FaultGeneratorConfig(GeneratorConfig):
     type: str = Field("fault", description="the generator: fault")
@@ -121,17 +123,23 @@ class FaultGenerator(BaseGenerator):
                     return
                 family = ctx.families[task.family]
                 fault_type = types[i % len(types)]
-                try:
-                    if self.config.fresh:
-                        clean = family.without_faults(family.sample_spec(ctx.rng))
-                    else:
-                        clean = family.perturb(family.without_faults(task.spec), ctx.rng)
-                    if self.config.shorten:
-                        calls = [f["call"] for f in family.faults_of(task.spec)] or [0]
-                        clean = family.decompose(clean, calls[0]) or clean
-                except SpecError:
-                    continue
-                spec = family.with_fault(clean, fault_type, ctx.rng)
+                # A fresh draw that cannot carry the type (a `colon` needs a division) is drawn
+                # again, as the base distribution does, so types needing an operator keep their
+                # share of the candidates; a perturbation keeps the failed task's operations.
+                spec = None
+                for _ in range(FRESH_TRIES if self.config.fresh else 1):
+                    try:
+                        if self.config.fresh:
+                            clean = family.without_faults(family.sample_spec(ctx.rng))
+                        else:
+                            clean = family.perturb(family.without_faults(task.spec), ctx.rng)
+                        if self.config.shorten:
+                            calls = [f["call"] for f in family.faults_of(task.spec)] or [0]
+                            clean = family.decompose(clean, calls[0]) or clean
+                    except SpecError:
+                        continue
+                    if (spec := family.with_fault(clean, fault_type, ctx.rng)) is not None:
+                        break
                 if spec is None or not claim(proposed, task.family, spec):
                     continue
                 made += 1

@@ -98,6 +98,16 @@ def test_fresh_draws_new_tasks_of_the_failed_fault_type() -> None:
     assert accepted and all("recover:rate_limit" in t.skills for t in accepted)
 
 
+def test_fresh_draws_again_until_the_task_can_carry_the_type() -> None:
+    """A fresh draw without a division cannot carry a `colon` fault: it is drawn again, so every
+    failure still gets its `per_failure` candidates (about half were lost to such draws)."""
+    parent = FAMILY.make_task({"expr": "12/4+5", "faults": [{"type": "colon", "call": 0}]})
+    fresh = list(load_generator({"type": "fault", "per_failure": 10, "fresh": True})
+                 .generate(context([parent])))
+    assert len(fresh) == 10
+    assert all(c.spec["faults"][0]["type"] == "colon" for c in fresh)
+
+
 def _step(i: int, expression: str, observation: str, tool: str = "calculator",
           error_kind: str | None = None) -> Step:
     return Step(i, f"call {i}", "tool_call", tool=tool, arguments={"expression": expression},
