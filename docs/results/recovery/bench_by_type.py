@@ -21,6 +21,8 @@ from pathlib import Path
 
 import duckdb
 
+from sentinel.env.faults import FAULT_TYPES
+
 
 def rates(db: Path) -> dict[int, dict[str, float]]:
     con = duckdb.connect(str(db), read_only=True)
@@ -55,7 +57,9 @@ def main(dirs: list[Path]) -> None:
                 found[m["arm"]][int(m["seed"])] = run / "sentinel.duckdb"
     runs = {arm: [rates(by_seed[s]) for s in sorted(by_seed)] for arm, by_seed in found.items()}
     seeds = {arm: sorted(by_seed) for arm, by_seed in found.items()}
-    keys = ["timeout", "rate_limit", "notation", "renamed", "truncated", "mean", "clean"]
+    seen = {f for per_seed in runs.values() for rounds in per_seed for r in rounds.values()
+            for f in r if f != "clean"}
+    keys = [t for t in FAULT_TYPES if t in seen] + ["mean", "clean"]
     print("| arm | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for arm, per_seed in runs.items():
