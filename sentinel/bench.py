@@ -99,6 +99,9 @@ class BenchSection(Section):
     exposure_share: float | None = Field(None, ge=0.0, le=1.0, description="exposure arm: share "
                                          "of base tasks carrying a fault (null: the share the "
                                          "failure run of the same seed trained on)")
+    failure_fault_share: float | None = Field(None, ge=0.0, le=1.0, description="failure arm: "
+                                              "share of its base tasks carrying a fault (null: "
+                                              "the families' own; the cold start keeps them)")
 
 
 class BenchConfig(SentinelConfig):
@@ -118,10 +121,20 @@ def load_bench_config(path: str | Path | None, overrides: list[str] | None = Non
     return load_config(path, overrides, model=BenchConfig)
 
 
+def _set_fault_share(data: dict[str, Any], arm: str, share: float) -> None:
+    for entry in data["families"]:
+        if not entry.get("fault_types"):
+            raise BenchError(f"{arm} arm: family {entry['type']!r} has no fault_types to draw "
+                             "from")
+        entry["fault_share"] = share
+
+
 def arm_config(config: BenchConfig, arm: str, seed: int, policy: Path,
                exposure_share: float | None = None) -> dict[str, Any]:
     """The loop config of one run: the bench config with the arm's sampling and the shared start.
-    `exposure_share`: the `exposure` arm's share of fault tasks in its base distribution."""
+    `exposure_share`: the `exposure` arm's share of fault tasks in its base distribution; the
+    `failure` arm's is `bench.failure_fault_share` when set (a floor of every fault type under
+    the mined share, for the arm alone: the cold start and the other arms keep the families')."""
     data = config.run_config()
     data["seed"] = seed
     data["policy"]["model"] = str(policy.resolve())
@@ -131,11 +144,9 @@ def arm_config(config: BenchConfig, arm: str, seed: int, policy: Path,
         if exposure_share is None:
             raise BenchError("the exposure arm needs its fault share (bench.exposure_share or "
                              "the failure run's)")
-        for entry in data["families"]:
-            if not entry.get("fault_types"):
-                raise BenchError(f"exposure arm: family {entry['type']!r} has no fault_types to "
-                                 "draw from")
-            entry["fault_share"] = exposure_share
+        _set_fault_share(data, arm, exposure_share)
+    if arm == "failure" and config.bench.failure_fault_share is not None:
+        _set_fault_share(data, arm, config.bench.failure_fault_share)
     if arm in ("uniform", "exposure"):
         data["generators"] = []
         cur.update(mined_fraction=0.0, replay_fraction=0.0, drop_zero_variance=False,

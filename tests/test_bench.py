@@ -222,6 +222,26 @@ def test_exposure_arm_carries_the_given_fault_share(tmp_path):
         arm_config(no_types, "exposure", 3, tmp_path / "p", exposure_share=0.2)
 
 
+def test_failure_fault_share_sets_the_failure_arms_base_only(tmp_path):
+    """`bench.failure_fault_share` gives the failure arm's base distribution that fault share;
+    the other arms (and the cold start, `run_config`) keep the families' own."""
+    data = {**TINY, "families": [{**TINY["families"][0], "fault_share": 0.1,
+                                  "fault_types": ["timeout", "renamed"]}],
+            "bench": {"failure_fault_share": 0.45}}
+    cfg = BenchConfig.model_validate(data)
+    failure = arm_config(cfg, "failure", 3, tmp_path / "p")
+    assert failure["families"][0]["fault_share"] == 0.45
+    assert failure["generators"] == cfg.run_config()["generators"]  # still the mining arm
+    assert arm_config(cfg, "uniform", 3, tmp_path / "p")["families"][0]["fault_share"] == 0.1
+    assert cfg.run_config()["families"][0]["fault_share"] == 0.1
+    load_config(data=failure)
+    unset = BenchConfig.model_validate({**data, "bench": {}})
+    assert arm_config(unset, "failure", 3, tmp_path / "p")["families"][0]["fault_share"] == 0.1
+    no_types = BenchConfig.model_validate({**TINY, "bench": {"failure_fault_share": 0.3}})
+    with pytest.raises(BenchError, match="fault_types"):
+        arm_config(no_types, "failure", 3, tmp_path / "p")
+
+
 def test_shipped_bench_configs_load(tmp_path):
     """The benches' configs are valid as written (their target, budget and metric are fixed in
     them before any run), and the recovery bench holds 40 held-out tasks per fault type."""
