@@ -30,7 +30,8 @@ Protocol (docs/results.md has the figures):
    are rollouts it spent), so its curve is charged for them.
 3. The held-out set is the config's `eval` section, the same fixed seeded tasks for every run
    (configs/bench_arith.yaml adds a harder tail: more operands, larger numbers;
-   configs/bench_recovery.yaml holds 40 tasks per fault type plus clean tasks).
+   configs/bench_recovery.yaml holds 40 tasks per fault type plus clean tasks, as does
+   configs/bench_recovery_tail.yaml for its eight types).
 4. The metric (`bench.metric`, fixed in the config before the runs): `success` (held-out success)
    or `recovery` (the held-out recovery rate: success on the tasks of each fault type, `recover:T`
    skills, averaged over the types). Clean-task success is reported beside it as the
