@@ -265,6 +265,16 @@ class CurriculumConfig(Section):
         "strata of the mined pool, a task's stratum being its first skill in this namespace "
         "(tasks with none form one stratum), and `weighting` chooses within each stratum; "
         "null: one pool")
+    balance_by: Literal["even", "learnability"] = Field(
+        "even", description="with balance_skills, how the mined share is dealt over the strata: "
+        "'even' (round robin), or 'learnability': in proportion to each stratum's p(1-p) + "
+        "learnability_floor, p its pass rate on full tasks over every rollout observed "
+        "(base draws and successes included), discounted by balance_decay per step (SFL over "
+        "fault types)")
+    balance_decay: float = Field(
+        0.9, gt=0, le=1, description="balance_by: learnability: the weight a step's outcomes "
+        "keep per later step in the strata's pass rates (1: never forget)",
+        json_schema_extra=why("a discount is a fraction in (0, 1]"))
     learnability_floor: float = Field(
         0.01, gt=0, description="weighting: learnability: added to every task's p(1-p) (at "
         "most 0.25; a large floor draws nearly uniformly)",

@@ -29,7 +29,16 @@ With `balance_skills` (a skill namespace such as `recover`), the mined share is 
 evenly over the strata of the mined pool, a stratum being a task's first skill in it (`recover:T`;
 tasks without one form a stratum of their own), and `weighting` chooses within each stratum: in
 the recovery bench, learnability alone gave 61 % of the mined rollouts to one fault type while the
-remedies of the others were forgotten. Every draw comes from the curriculum's own rng, which the
+remedies of the others were forgotten. `balance_by` says how the slots are dealt: `even` (above), or
+`learnability`, in proportion to each stratum's p(1-p) + `learnability_floor` (Sainte-Lague, one
+slot at a time to the stratum with the largest weight / (2 slots + 1); equal weights deal evenly),
+p being the stratum's pass rate on full tasks (no revealed prefix: `restart` tasks start past the
+hard part) over *every* rollout `observe` has seen of a task in that stratum, base draws and
+successes included, under the Beta prior, each step's counts discounted by `balance_decay` per
+later step. So the fault types get slots by how learnable they are for the policy now (SFL over
+fault types), not by how many failures they left in the mined pool: in the seventh recovery run
+a pool that holds only failures gave 78 % of the mined rollouts to the three weakest types while
+the unrehearsed ones decayed. Every draw comes from the curriculum's own rng, which the
 state holds, so a resumed run draws as an uninterrupted one. Simplifications: a task's own
 outcomes are not shrunk towards its cluster's, and outcomes do not decay with age.
 
@@ -57,6 +66,7 @@ from typing import Any
 from sentinel.types import Task, Trajectory
 
 WEIGHTINGS = ("newest", "learnability")  # `curriculum.weighting`, see the module docstring
+BALANCE_BY = ("even", "learnability")  # `curriculum.balance_by`, see the module docstring
 
 
 @dataclass
@@ -75,7 +85,8 @@ class Curriculum:
                  seed: int, excluded_ids: set[str] | None = None,
                  gate: ZeroVarianceGate | None = None, weighting: str = "newest",
                  learnability_prior: float = 1.0, learnability_floor: float = 0.01,
-                 balance_skills: str | None = None) -> None:
+                 balance_skills: str | None = None, balance_by: str = "even",
+                 balance_decay: float = 0.9) -> None:
         if balance_skills is not None and not balance_skills:
             raise ValueError("curriculum.balance_skills must be a skill namespace (such as "
                              "'recover', for the skills 'recover:*') or null")
@@ -88,8 +99,17 @@ class Curriculum:
         if not learnability_floor > 0:
             raise ValueError("curriculum.learnability_floor must be > 0 (so no task starves), "
                              f"got {learnability_floor!r}")
+        if balance_by not in BALANCE_BY:
+            raise ValueError(f"curriculum.balance_by must be one of {', '.join(BALANCE_BY)}, "
+                             f"got {balance_by!r}")
+        if not 0 < balance_decay <= 1:
+            raise ValueError("curriculum.balance_decay must be in (0, 1] (the weight a step's "
+                             f"outcomes keep per later step), got {balance_decay!r}")
         self.weighting = weighting
         self.balance_skills = balance_skills
+        self.balance_by, self.balance_decay = balance_by, balance_decay
+        # discounted [successes, attempts] on full tasks per `balance_skills` stratum
+        self.stratum_stats: dict[str, list[float]] = {}
         self.prior, self.floor = learnability_prior, learnability_floor
         self.base_sampler = base_sampler
         self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
@@ -118,7 +138,8 @@ class Curriculum:
                                          on=config.zero_variance_on),
                    weighting=config.weighting, learnability_prior=config.learnability_prior,
                    learnability_floor=config.learnability_floor,
-                   balance_skills=config.balance_skills)
+                   balance_skills=config.balance_skills, balance_by=config.balance_by,
+                   balance_decay=config.balance_decay)
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -208,26 +229,46 @@ class Curriculum:
     def stratum(self, task_id: str) -> str:
         """The `balance_skills` stratum of a task: its first skill in that namespace (`ns:...`),
         else ''."""
+        return self._stratum_of(self.tasks[task_id])
+
+    def _stratum_of(self, task: Task) -> str:
         prefix = f"{self.balance_skills}:"
-        return next((s for s in self.tasks[task_id].skills if s.startswith(prefix)), "")
+        return next((s for s in task.skills if s.startswith(prefix)), "")
+
+    def stratum_learnability(self) -> dict[str, float]:
+        """{stratum: p(1-p)} over the strata with observed full-task outcomes (`balance_by:
+        learnability`), p the discounted pass rate under the Beta prior."""
+        return {name: p * (1 - p) for name, (done, tried) in sorted(self.stratum_stats.items())
+                for p in [(done + self.prior) / (tried + 2 * self.prior)]}
+
+    def _slots(self, strata: dict[str, list[str]], k: int) -> dict[str, int]:
+        """How many of `k` slots each stratum gets, capped by its size (a full stratum passes
+        its slots on): dealt one at a time to the stratum with the largest weight / (2 slots +
+        1) (Sainte-Lague), ties to the first in sorted order. `even`: every weight 1 (round
+        robin); `learnability`: p(1-p) + floor (`stratum_learnability`; a stratum never
+        observed takes the prior's p = 0.5)."""
+        learn = self.stratum_learnability() if self.balance_by == "learnability" else {}
+        weight = {name: (learn.get(name, 0.25) + self.floor
+                         if self.balance_by == "learnability" else 1.0) for name in strata}
+        slots = dict.fromkeys(sorted(strata), 0)
+        for _ in range(min(k, sum(len(pool) for pool in strata.values()))):
+            open_ = [name for name in slots if slots[name] < len(strata[name])]
+            best = max(open_, key=lambda name: weight[name] / (2 * slots[name] + 1))
+            slots[best] += 1
+        return slots
 
     def _balanced(self, pool: list[str], k: int,
                   choose: Callable[[list[str], int], list[str]]) -> list[str]:
         """`k` of `pool` (in pool order), picked by `choose(subpool, k)`. Without
-        `balance_skills`, one call on the whole pool. With it, the slots are dealt out one at a
-        time over the strata present (sorted; a stratum with no task left is passed over), so
-        no stratum takes more than its even share while another still has tasks, and `choose`
-        picks within each stratum."""
+        `balance_skills`, one call on the whole pool. With it, the slots are dealt out over the
+        strata present (`_slots`: evenly, or by stratum learnability), no stratum taking more
+        than it holds, and `choose` picks within each stratum."""
         if self.balance_skills is None or k <= 0:
             return choose(pool, k)
         strata: dict[str, list[str]] = defaultdict(list)
         for t in pool:
             strata[self.stratum(t)].append(t)
-        slots = dict.fromkeys(sorted(strata), 0)
-        while sum(slots.values()) < min(k, len(pool)):
-            for name in slots:
-                if sum(slots.values()) < k and slots[name] < len(strata[name]):
-                    slots[name] += 1
+        slots = self._slots(strata, k)
         picked = {t for name, m in slots.items() if m for t in choose(strata[name], m)}
         return [t for t in pool if t in picked]
 
@@ -275,8 +316,24 @@ class Curriculum:
             by_task[t.task_id].append(t.success)
         for task_id, outcomes in by_task.items():
             self.record(task_id, sum(outcomes), len(outcomes))
+        if self.balance_skills is not None and self.balance_by == "learnability":
+            self._observe_strata(by_task)
         keep = self.gate(trajectories)
         return [t for t in trajectories if t.group_id in keep]
+
+    def _observe_strata(self, by_task: dict[str, list[bool]]) -> None:
+        """Discount every stratum's counts by `balance_decay`, then add this step's outcomes of
+        full tasks (no revealed prefix) by stratum."""
+        for counts in self.stratum_stats.values():
+            counts[0] *= self.balance_decay
+            counts[1] *= self.balance_decay
+        for task_id, outcomes in by_task.items():
+            task = self.tasks.get(task_id)
+            if task is None or task.prefix:
+                continue
+            counts = self.stratum_stats.setdefault(self._stratum_of(task), [0.0, 0.0])
+            counts[0] += sum(outcomes)
+            counts[1] += len(outcomes)
 
     def record(self, task_id: str, successes: int, attempts: int) -> None:
         """Add `successes` out of `attempts` to a task's pass-rate statistics."""
@@ -312,6 +369,7 @@ class Curriculum:
                       if t in self.tasks},
             "stats": {t: [s.attempts, s.successes] for t, s in self.stats.items()},
             "zero_variance_dropped": self.gate.dropped,
+            "stratum_stats": {name: list(c) for name, c in self.stratum_stats.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -321,6 +379,8 @@ class Curriculum:
         self.tasks.update({t: Task.from_row(row) for t, row in state["tasks"].items()})
         self.stats = {t: TaskStats(a, s) for t, (a, s) in state["stats"].items()}
         self.gate.dropped = int(state.get("zero_variance_dropped", 0))
+        self.stratum_stats = {name: [float(c[0]), float(c[1])]
+                              for name, c in state.get("stratum_stats", {}).items()}
 
 
 class ZeroVarianceGate:

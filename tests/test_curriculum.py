@@ -567,3 +567,112 @@ def test_balance_skills_config_key() -> None:
     for bad in ("''", "'recover:'"):
         with pytest.raises(ConfigError, match=r"config key 'curriculum\.balance_skills'"):
             load_config(data={}, overrides=[f"curriculum.balance_skills={bad}"])
+
+
+# -- balance_by: learnability --------------------------------------------------------------------
+
+def _by_learnability(decay: float = 1.0, seed: int = 0, mined: float = 1.0) -> Curriculum:
+    return Curriculum(ARITH.sample_task, mined_fraction=mined, replay_fraction=0.0,
+                      mastery_threshold=0.99, mastery_min_samples=1000, seed=seed,
+                      weighting="learnability", balance_skills="recover",
+                      balance_by="learnability", balance_decay=decay)
+
+
+def _fault_counts(batch: list[Task]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in batch:
+        if t.origin == "generated":
+            key = next((s for s in t.skills if s.startswith("recover:")), "none")
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _sainte_lague(weights: dict[str, float], k: int) -> dict[str, int]:
+    """Slots by the highest-averages rule, written out independently of the code."""
+    slots = dict.fromkeys(sorted(weights), 0)
+    for _ in range(k):
+        best = max(sorted(weights), key=lambda n: weights[n] / (2 * slots[n] + 1))
+        slots[best] += 1
+    return slots
+
+
+def test_balance_by_learnability_deals_slots_by_the_strata_pass_rates() -> None:
+    """Three fault types, nine mined tasks each. Base draws of each type (full tasks, never
+    mined) were observed at 20/40 (timeout), 38/40 (rate_limit) and 1/40 (colon): the nine
+    slots go by p(1-p) + floor, so the half-solved type gets most, although every type has the
+    same number of mined tasks; with `even` each type gets three."""
+    pools = {f: [_typed(9 * k + i, f) for i in range(1, 10)]
+             for k, f in enumerate(("timeout", "rate_limit", "colon"))}
+    seen = {"timeout": (20, 40), "rate_limit": (38, 40), "colon": (1, 40)}
+    cur = _by_learnability()
+    for tasks in pools.values():
+        cur.add_mined(tasks)
+    observed = []
+    for k, (f, (s, n)) in enumerate(seen.items()):
+        base = ARITH.make_task({"expr": f"{k + 2}+{k + 5}"})
+        base.skills = [*base.skills, f"recover:{f}"]
+        cur.tasks[base.task_id] = base
+        observed += _observed(base, s, n, f"b{k}")
+    cur.observe(observed)
+    weights = {f"recover:{f}": p * (1 - p) + 0.01
+               for f, (s, n) in seen.items() for p in [(s + 1) / (n + 2)]}
+    assert cur.stratum_learnability() == pytest.approx(
+        {k: w - 0.01 for k, w in weights.items()})
+    expected = _sainte_lague(weights, 9)
+    assert expected["recover:timeout"] >= 6  # the point of the rule
+    for seed in range(3):
+        cur.rng.seed(seed)
+        assert _fault_counts(cur.sample(9)) == {k: v for k, v in expected.items() if v}
+    even = Curriculum(ARITH.sample_task, mined_fraction=1.0, replay_fraction=0.0,
+                      mastery_threshold=0.99, mastery_min_samples=1000, seed=0,
+                      weighting="learnability", balance_skills="recover")
+    for tasks in pools.values():
+        even.add_mined(tasks)
+    even.observe(observed)
+    assert set(_fault_counts(even.sample(9)).values()) == {3}
+
+
+def test_balance_by_learnability_is_even_for_equal_rates_and_unobserved_strata() -> None:
+    """With no outcomes every stratum takes the prior (p = 0.5), so the slots are dealt as by
+    `even`, capped by the strata's sizes as there."""
+    tasks = ([_typed(i, "notation") for i in range(21, 23)]
+             + [_typed(i, None) for i in range(23, 25)]
+             + [_typed(i, "rate_limit") for i in range(1, 21)])
+    cur = _by_learnability(mined=0.5)
+    cur.add_mined(tasks)
+    assert _fault_counts(cur.sample(16)) == {"recover:rate_limit": 4, "recover:notation": 2,
+                                            "none": 2}
+
+
+def test_balance_by_learnability_skips_restart_tasks_and_forgets_old_steps() -> None:
+    """The strata's pass rates count full tasks only (a `restart` task starts past the fault)
+    and discount each step's counts by `balance_decay` per later step."""
+    cur = _by_learnability(decay=0.5)
+    full, restart = _typed(1, "timeout"), _typed(2, "timeout")
+    restart.prefix = ["<tool_call>...</tool_call>"]
+    cur.add_mined([full, restart])
+    cur.observe(_observed(full, 6, 8, "g1") + _observed(restart, 0, 8, "g2"))
+    assert cur.stratum_stats == {"recover:timeout": [6.0, 8.0]}
+    cur.observe(_observed(full, 0, 4, "g3"))
+    assert cur.stratum_stats == {"recover:timeout": [3.0, 8.0]}  # 6/8 halved, + 0/4
+    state = json.loads(json.dumps(cur.state_dict()))
+    again = _by_learnability(decay=0.5)
+    again.load_state_dict(state)
+    assert again.stratum_stats == cur.stratum_stats
+
+
+def test_balance_by_config_keys() -> None:
+    config = load_config(data={}, overrides=["curriculum.balance_skills=recover",
+                                             "curriculum.balance_by=learnability",
+                                             "curriculum.balance_decay=0.8"])
+    cur = Curriculum.from_config(config.curriculum, ARITH.sample_task, seed=0, excluded_ids=set())
+    assert (cur.balance_by, cur.balance_decay) == ("learnability", 0.8)
+    assert load_config(data={}).curriculum.balance_by == "even"
+    for bad, key in (("curriculum.balance_by=plr", "balance_by"),
+                     ("curriculum.balance_decay=0", "balance_decay"),
+                     ("curriculum.balance_decay=1.5", "balance_decay")):
+        with pytest.raises(ConfigError, match=rf"config key 'curriculum\.{key}'"):
+            load_config(data={}, overrides=[bad])
+    with pytest.raises(ValueError, match="balance_by"):
+        Curriculum(ARITH.sample_task, mined_fraction=0.5, replay_fraction=0.0,
+                   mastery_threshold=0.9, mastery_min_samples=8, seed=0, balance_by="plr")
