@@ -222,6 +222,37 @@ def test_base_distribution_fault_share(faulty: ArithFamily) -> None:
     assert not any("faults" in clean.sample_spec(rng) for _ in range(50))
 
 
+def test_fault_weights_choose_the_base_distributions_types() -> None:
+    """`fault_weights` draws the fault types by weight: types weighted 0 or missing never come,
+    yet stay in `fault_types`, so `wait` is still listed (the prompt does not change); 3:1 comes
+    out near 3:1."""
+    family = ArithFamily(ArithConfig(fault_share=1.0, fault_types=list(FAULT_TYPES),
+                                     fault_weights={"plus": 1.0, "colon": 1.0, "minus": 0.0}))
+    rng = random.Random(5)
+    types = [family.sample_spec(rng)["faults"][0]["type"] for _ in range(300)]
+    assert set(types) == {"plus", "colon"}
+    assert "wait" in {tool.name for tool in family.tools()}
+    skewed = ArithFamily(ArithConfig(fault_share=1.0, fault_types=["timeout", "rate_limit"],
+                                     fault_weights={"timeout": 3.0, "rate_limit": 1.0}))
+    counts = [skewed.sample_spec(rng)["faults"][0]["type"] for _ in range(2000)]
+    assert 0.70 < counts.count("timeout") / len(counts) < 0.80
+    # null keeps the uniform draw, bit for bit as before the key existed
+    plain = ArithConfig(fault_share=1.0, fault_types=list(FAULT_TYPES))
+    assert plain.fault_weights is None
+    a, b = random.Random(9), random.Random(9)
+    assert ([ArithFamily(plain).sample_spec(a) for _ in range(20)]
+            == [ArithFamily(plain.model_copy(update={"fault_weights": None})).sample_spec(b)
+                for _ in range(20)])
+
+
+@pytest.mark.parametrize(("weights", "message"), [
+    ({"meteor": 1.0}, "not in fault_types"), ({"timeout": -1.0, "plus": 1.0}, ">= 0"),
+    ({"timeout": 0.0}, "at least one > 0")])
+def test_bad_fault_weights_are_config_errors(weights: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ArithConfig(fault_share=0.5, fault_types=["timeout", "plus"], fault_weights=weights)
+
+
 def test_with_fault_and_perturb_keep_the_type(faulty: ArithFamily) -> None:
     rng = random.Random(0)
     spec = faulty.with_fault({"expr": "(3+4)*5-6"}, "notation", rng)

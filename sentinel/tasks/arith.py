@@ -83,6 +83,10 @@ class ArithConfig(FamilyConfig):
                                    "distribution and the cold start's recovery demonstrations "
                                    "draw from (sentinel.env.faults); with rate_limit, every task "
                                    "lists the wait tool")
+    fault_weights: dict[str, float] | None = Field(
+        None, description="relative weights of fault_types in the base distribution's draw of "
+        "a fault type (a type missing or weighted 0 is never drawn, but stays in fault_types: "
+        "its tools are still listed and the cold start still demonstrates it); null: uniform")
 
     @model_validator(mode="after")
     def _check(self) -> ArithConfig:
@@ -97,6 +101,13 @@ class ArithConfig(FamilyConfig):
             raise ValueError(f"fault_types: unknown {bad}; known: {', '.join(FAULT_TYPES)}")
         if self.fault_share > 0 and not self.fault_types:
             raise ValueError("fault_share > 0 needs at least one of fault_types")
+        if self.fault_weights is not None:
+            if bad := sorted(set(self.fault_weights) - set(self.fault_types)):
+                raise ValueError(f"fault_weights: {bad} not in fault_types {self.fault_types}")
+            if any(w < 0 for w in self.fault_weights.values()) or not any(
+                    w > 0 for w in self.fault_weights.values()):
+                raise ValueError("fault_weights must be >= 0 with at least one > 0, got "
+                                 f"{self.fault_weights}")
         return self
 
 
@@ -275,9 +286,12 @@ class ArithFamily(TaskFamily):
         spec = self._sample_clean(rng)
         if self.config.fault_share == 0 or rng.random() >= self.config.fault_share:
             return spec
-        # A fault type drawn uniformly, then expressions until one can carry it (a notation
-        # fault needs its operator), so every configured type keeps its share.
-        fault_type = rng.choice(self.config.fault_types)
+        # A fault type drawn uniformly (or by `fault_weights`), then expressions until one can
+        # carry it (a notation fault needs its operator), so every configured type keeps its share.
+        weights = self.config.fault_weights
+        fault_type = (rng.choice(self.config.fault_types) if weights is None else
+                      rng.choices(self.config.fault_types,
+                                  [weights.get(t, 0.0) for t in self.config.fault_types])[0])
         for _ in range(MAX_TRIES):
             if (faulty := self.with_fault(spec, fault_type, rng)) is not None:
                 return faulty
