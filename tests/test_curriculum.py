@@ -676,3 +676,20 @@ def test_balance_by_config_keys() -> None:
     with pytest.raises(ValueError, match="balance_by"):
         Curriculum(ARITH.sample_task, mined_fraction=0.5, replay_fraction=0.0,
                    mastery_threshold=0.9, mastery_min_samples=8, seed=0, balance_by="plr")
+
+
+def test_balance_by_learnability_tries_an_unobserved_stratum_first() -> None:
+    """A stratum never observed takes the prior's p = 0.5, the largest weight: of eight slots over
+    a type seen failing 40 times in 40 and a type never seen, the unseen one gets most."""
+    seen = [_typed(i, "colon") for i in range(1, 9)]
+    unseen = [_typed(i, "timeout") for i in range(9, 17)]
+    cur = _by_learnability()
+    cur.add_mined(seen + unseen)
+    base = ARITH.make_task({"expr": "2+5"})
+    base.skills = [*base.skills, "recover:colon"]
+    cur.tasks[base.task_id] = base
+    cur.observe(_observed(base, 0, 40, "b"))
+    weights = {"recover:colon": (1 / 42) * (41 / 42) + 0.01, "recover:timeout": 0.25 + 0.01}
+    counts = _fault_counts(cur.sample(8))
+    assert counts == _sainte_lague(weights, 8)
+    assert counts["recover:timeout"] >= 7

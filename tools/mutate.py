@@ -154,6 +154,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("curriculum-balance-by-learnability-ignored", "sentinel/curriculum.py",
              "if self.balance_by == \"learnability\" else 1.0) for name in strata}",
              "if False else 1.0) for name in strata}", CURRICULUM),
+    Mutation("curriculum-balance-unobserved-stratum-starved", "sentinel/curriculum.py",
+             "learn.get(name, 0.25)", "learn.get(name, 0.0)", CURRICULUM),
     Mutation("curriculum-strata-count-prefix-tasks", "sentinel/curriculum.py",
              "if task is None or task.prefix:", "if task is None:", CURRICULUM),
     Mutation("curriculum-strata-never-forget", "sentinel/curriculum.py",
