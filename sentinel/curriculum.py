@@ -40,7 +40,8 @@ fault types), not by how many failures they left in the mined pool: in the seven
 a pool that holds only failures gave 78 % of the mined rollouts to the three weakest types while
 the unrehearsed ones decayed. Every draw comes from the curriculum's own rng, which the
 state holds, so a resumed run draws as an uninterrupted one. Simplifications: a task's own
-outcomes are not shrunk towards its cluster's, and outcomes do not decay with age.
+outcomes are not shrunk towards its cluster's, and a task's outcomes do not decay with age (the
+strata's pass rates do, by `balance_decay`).
 
 `observe(trajectories) -> kept` takes a step's scored rollouts whole: it updates each task's pass
 rate (mastery, replay) and passes the groups through the admission gate, returning the
