@@ -265,15 +265,20 @@ class CurriculumConfig(Section):
         "strata of the mined pool, a task's stratum being its first skill in this namespace "
         "(tasks with none form one stratum), and `weighting` chooses within each stratum; "
         "null: one pool")
-    balance_by: Literal["even", "learnability"] = Field(
+    balance_by: Literal["even", "learnability", "progress"] = Field(
         "even", description="with balance_skills, how the mined share is dealt over the strata: "
         "'even' (round robin), or 'learnability': in proportion to each stratum's p(1-p) + "
         "learnability_floor, p its pass rate on full tasks over every rollout observed "
         "(base draws and successes included), discounted by balance_decay per step (SFL over "
-        "fault types)")
+        "fault types), or 'progress': in proportion to |p_fast - p_slow| + learnability_floor, "
+        "the absolute learning progress (TSCL), p_fast discounted by balance_fast_decay")
     balance_decay: float = Field(
         0.9, gt=0, le=1, description="balance_by: learnability: the weight a step's outcomes "
         "keep per later step in the strata's pass rates (1: never forget)",
+        json_schema_extra=why("a discount is a fraction in (0, 1]"))
+    balance_fast_decay: float = Field(
+        0.7, gt=0, le=1, description="balance_by: progress: the discount of the fast pass "
+        "rate, compared with the slow one (balance_decay); must be below balance_decay",
         json_schema_extra=why("a discount is a fraction in (0, 1]"))
     learnability_floor: float = Field(
         0.01, gt=0, description="weighting: learnability: added to every task's p(1-p) (at "
@@ -284,6 +289,9 @@ class CurriculumConfig(Section):
     def _fractions(self) -> CurriculumConfig:
         if self.mined_fraction + self.replay_fraction > 1:
             raise ValueError("mined_fraction + replay_fraction must not exceed 1")
+        if self.balance_by == "progress" and not self.balance_fast_decay < self.balance_decay:
+            raise ValueError("balance_by 'progress' compares a fast and a slow pass rate: "
+                             "balance_fast_decay must be below balance_decay")
         return self
 
 

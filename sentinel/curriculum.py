@@ -41,7 +41,14 @@ a pool that holds only failures gave 78 % of the mined rollouts to the three wea
 the unrehearsed ones decayed. Every draw comes from the curriculum's own rng, which the
 state holds, so a resumed run draws as an uninterrupted one. Simplifications: a task's own
 outcomes are not shrunk towards its cluster's, and a task's outcomes do not decay with age (the
-strata's pass rates do, by `balance_decay`).
+strata's pass rates do, by `balance_decay`). `progress` deals the slots by each stratum's absolute
+learning progress (TSCL; the bidirectional learning progress of Kanitscheider et al. 2021): |p_fast
+- p_slow| + floor, p_slow the pass rate above (discount `balance_decay`) and p_fast the same
+counts discounted by `balance_fast_decay`, shrunk towards p_slow by 2 * `learnability_prior`
+pseudo-counts (little recent evidence shows no progress). A type the policy is learning now gets
+slots, and so does one it is forgetting (its rate falls), which a pool that holds only failures,
+or p(1-p), does not see; a type whose rate holds gets the floor. A stratum never observed takes
+0.25, tried first as under `learnability`.
 
 `observe(trajectories) -> kept` takes a step's scored rollouts whole: it updates each task's pass
 rate (mastery, replay) and passes the groups through the admission gate, returning the
@@ -67,7 +74,7 @@ from typing import Any
 from sentinel.types import Task, Trajectory
 
 WEIGHTINGS = ("newest", "learnability")  # `curriculum.weighting`, see the module docstring
-BALANCE_BY = ("even", "learnability")  # `curriculum.balance_by`, see the module docstring
+BALANCE_BY = ("even", "learnability", "progress")  # `curriculum.balance_by`, module docstring
 
 
 @dataclass
@@ -87,7 +94,7 @@ class Curriculum:
                  gate: ZeroVarianceGate | None = None, weighting: str = "newest",
                  learnability_prior: float = 1.0, learnability_floor: float = 0.01,
                  balance_skills: str | None = None, balance_by: str = "even",
-                 balance_decay: float = 0.9) -> None:
+                 balance_decay: float = 0.9, balance_fast_decay: float = 0.7) -> None:
         if balance_skills is not None and not balance_skills:
             raise ValueError("curriculum.balance_skills must be a skill namespace (such as "
                              "'recover', for the skills 'recover:*') or null")
@@ -106,11 +113,20 @@ class Curriculum:
         if not 0 < balance_decay <= 1:
             raise ValueError("curriculum.balance_decay must be in (0, 1] (the weight a step's "
                              f"outcomes keep per later step), got {balance_decay!r}")
+        if not 0 < balance_fast_decay <= 1:
+            raise ValueError("curriculum.balance_fast_decay must be in (0, 1], got "
+                             f"{balance_fast_decay!r}")
+        if balance_by == "progress" and not balance_fast_decay < balance_decay:
+            raise ValueError("balance_by 'progress' compares a fast and a slow pass rate: "
+                             "curriculum.balance_fast_decay must be below balance_decay, got "
+                             f"{balance_fast_decay!r} >= {balance_decay!r}")
         self.weighting = weighting
         self.balance_skills = balance_skills
         self.balance_by, self.balance_decay = balance_by, balance_decay
         # discounted [successes, attempts] on full tasks per `balance_skills` stratum
         self.stratum_stats: dict[str, list[float]] = {}
+        self.balance_fast_decay = balance_fast_decay
+        self.stratum_fast: dict[str, list[float]] = {}  # the same at balance_fast_decay
         self.prior, self.floor = learnability_prior, learnability_floor
         self.base_sampler = base_sampler
         self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
@@ -140,7 +156,8 @@ class Curriculum:
                    weighting=config.weighting, learnability_prior=config.learnability_prior,
                    learnability_floor=config.learnability_floor,
                    balance_skills=config.balance_skills, balance_by=config.balance_by,
-                   balance_decay=config.balance_decay)
+                   balance_decay=config.balance_decay,
+                   balance_fast_decay=config.balance_fast_decay)
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -242,15 +259,31 @@ class Curriculum:
         return {name: p * (1 - p) for name, (done, tried) in sorted(self.stratum_stats.items())
                 for p in [(done + self.prior) / (tried + 2 * self.prior)]}
 
+    def _rate(self, counts: list[float]) -> float:
+        return (counts[0] + self.prior) / (counts[1] + 2 * self.prior)
+
+    def stratum_progress(self) -> dict[str, float]:
+        """{stratum: |p_fast - p_slow|} over the strata with observed full-task outcomes
+        (`balance_by: progress`), p_fast shrunk towards p_slow by 2 * prior pseudo-counts."""
+        out = {}
+        for name, slow in sorted(self.stratum_stats.items()):
+            p_slow = self._rate(slow)
+            done, tried = self.stratum_fast.get(name, [0.0, 0.0])
+            p_fast = (done + 2 * self.prior * p_slow) / (tried + 2 * self.prior)
+            out[name] = abs(p_fast - p_slow)
+        return out
+
     def _slots(self, strata: dict[str, list[str]], k: int) -> dict[str, int]:
         """How many of `k` slots each stratum gets, capped by its size (a full stratum passes
         its slots on): dealt one at a time to the stratum with the largest weight / (2 slots +
         1) (Sainte-Lague), ties to the first in sorted order. `even`: every weight 1 (round
         robin); `learnability`: p(1-p) + floor (`stratum_learnability`; a stratum never
-        observed takes the prior's p = 0.5)."""
-        learn = self.stratum_learnability() if self.balance_by == "learnability" else {}
+        observed takes the prior's p = 0.5); `progress`: |p_fast - p_slow| + floor
+        (`stratum_progress`; never observed: 0.25)."""
+        learn = {"learnability": self.stratum_learnability,
+                 "progress": self.stratum_progress}.get(self.balance_by, dict)()
         weight = {name: (learn.get(name, 0.25) + self.floor
-                         if self.balance_by == "learnability" else 1.0) for name in strata}
+                         if self.balance_by != "even" else 1.0) for name in strata}
         slots = dict.fromkeys(sorted(strata), 0)
         for _ in range(min(k, sum(len(pool) for pool in strata.values()))):
             open_ = [name for name in slots if slots[name] < len(strata[name])]
@@ -317,24 +350,28 @@ class Curriculum:
             by_task[t.task_id].append(t.success)
         for task_id, outcomes in by_task.items():
             self.record(task_id, sum(outcomes), len(outcomes))
-        if self.balance_skills is not None and self.balance_by == "learnability":
+        if self.balance_skills is not None and self.balance_by != "even":
             self._observe_strata(by_task)
         keep = self.gate(trajectories)
         return [t for t in trajectories if t.group_id in keep]
 
     def _observe_strata(self, by_task: dict[str, list[bool]]) -> None:
-        """Discount every stratum's counts by `balance_decay`, then add this step's outcomes of
-        full tasks (no revealed prefix) by stratum."""
-        for counts in self.stratum_stats.values():
-            counts[0] *= self.balance_decay
-            counts[1] *= self.balance_decay
+        """Discount every stratum's counts by `balance_decay` (and the fast ones by
+        `balance_fast_decay`), then add this step's outcomes of full tasks (no revealed prefix)
+        by stratum."""
+        for table, decay in ((self.stratum_stats, self.balance_decay),
+                             (self.stratum_fast, self.balance_fast_decay)):
+            for counts in table.values():
+                counts[0] *= decay
+                counts[1] *= decay
         for task_id, outcomes in by_task.items():
             task = self.tasks.get(task_id)
             if task is None or task.prefix:
                 continue
-            counts = self.stratum_stats.setdefault(self._stratum_of(task), [0.0, 0.0])
-            counts[0] += sum(outcomes)
-            counts[1] += len(outcomes)
+            for table in (self.stratum_stats, self.stratum_fast):
+                counts = table.setdefault(self._stratum_of(task), [0.0, 0.0])
+                counts[0] += sum(outcomes)
+                counts[1] += len(outcomes)
 
     def record(self, task_id: str, successes: int, attempts: int) -> None:
         """Add `successes` out of `attempts` to a task's pass-rate statistics."""
@@ -371,6 +408,7 @@ class Curriculum:
             "stats": {t: [s.attempts, s.successes] for t, s in self.stats.items()},
             "zero_variance_dropped": self.gate.dropped,
             "stratum_stats": {name: list(c) for name, c in self.stratum_stats.items()},
+            "stratum_fast": {name: list(c) for name, c in self.stratum_fast.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -382,6 +420,8 @@ class Curriculum:
         self.gate.dropped = int(state.get("zero_variance_dropped", 0))
         self.stratum_stats = {name: [float(c[0]), float(c[1])]
                               for name, c in state.get("stratum_stats", {}).items()}
+        self.stratum_fast = {name: [float(c[0]), float(c[1])]
+                             for name, c in state.get("stratum_fast", {}).items()}
 
 
 class ZeroVarianceGate:

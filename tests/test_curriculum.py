@@ -693,3 +693,94 @@ def test_balance_by_learnability_tries_an_unobserved_stratum_first() -> None:
     counts = _fault_counts(cur.sample(8))
     assert counts == _sainte_lague(weights, 8)
     assert counts["recover:timeout"] >= 7
+
+
+# -- balance_by: progress ------------------------------------------------------------------------
+
+def _by_progress(slow: float = 0.9, fast: float = 0.5) -> Curriculum:
+    return Curriculum(ARITH.sample_task, mined_fraction=1.0, replay_fraction=0.0,
+                      mastery_threshold=0.99, mastery_min_samples=1000, seed=0,
+                      weighting="learnability", balance_skills="recover",
+                      balance_by="progress", balance_decay=slow, balance_fast_decay=fast)
+
+
+def test_balance_by_progress_deals_slots_to_the_types_learnt_and_forgotten() -> None:
+    """Three fault types, nine mined tasks each, observed over two steps on base draws: timeout
+    holds at 30/40, rate_limit rises 10/40 -> 38/40 (being learnt), colon falls 38/40 -> 5/40
+    (being forgotten). The slots go by |p_fast - p_slow| + floor (written out here from the
+    docstring's definition), so the two moving types take nearly all of them and the steady
+    one, which p(1-p) would favour most, gets the floor's share."""
+    pools = {f: [_typed(9 * k + i, f) for i in range(1, 10)]
+             for k, f in enumerate(("timeout", "rate_limit", "colon"))}
+    history = {"timeout": [(30, 40), (30, 40)], "rate_limit": [(10, 40), (38, 40)],
+               "colon": [(38, 40), (5, 40)]}
+    cur, learn = _by_progress(), _by_learnability(decay=0.9)
+    for c in (cur, learn):
+        for tasks in pools.values():
+            c.add_mined(tasks)
+    bases = {}
+    for k, f in enumerate(history):
+        base = ARITH.make_task({"expr": f"{k + 2}+{k + 5}"})
+        base.skills = [*base.skills, f"recover:{f}"]
+        bases[f] = base
+        for c in (cur, learn):
+            c.tasks[base.task_id] = base
+    for step in range(2):
+        observed = [t for k, (f, h) in enumerate(history.items())
+                    for t in _observed(bases[f], *h[step], f"s{step}b{k}")]
+        cur.observe(observed)
+        learn.observe(observed)
+    weights = {}
+    for f, ((s1, n1), (s2, n2)) in history.items():
+        slow_s, slow_n = 0.9 * s1 + s2, 0.9 * n1 + n2
+        fast_s, fast_n = 0.5 * s1 + s2, 0.5 * n1 + n2
+        p_slow = (slow_s + 1) / (slow_n + 2)
+        p_fast = (fast_s + 2 * p_slow) / (fast_n + 2)
+        weights[f"recover:{f}"] = abs(p_fast - p_slow) + 0.01
+    assert cur.stratum_progress() == pytest.approx({k: w - 0.01 for k, w in weights.items()})
+    expected = _sainte_lague(weights, 9)
+    assert expected["recover:timeout"] <= 1 and expected["recover:colon"] >= 3
+    assert expected["recover:rate_limit"] >= 3
+    assert _fault_counts(cur.sample(9)) == {k: v for k, v in expected.items() if v}
+    assert _fault_counts(learn.sample(9))["recover:timeout"] >= 3  # learnability differs
+
+
+def test_balance_by_progress_state_unobserved_strata_and_restarts() -> None:
+    """The fast counts skip `restart` tasks, decay by `balance_fast_decay` and survive a state
+    round trip; a stratum never observed takes 0.25 (tried first)."""
+    cur = _by_progress(fast=0.5)
+    full, restart = _typed(1, "timeout"), _typed(2, "timeout")
+    restart.prefix = ["<tool_call>...</tool_call>"]
+    unseen = [_typed(i, "colon") for i in range(3, 11)]
+    cur.add_mined([full, restart, *unseen])
+    cur.observe(_observed(full, 6, 8, "g1") + _observed(restart, 0, 8, "g2"))
+    cur.observe(_observed(full, 0, 4, "g3"))
+    assert cur.stratum_fast == {"recover:timeout": [3.0, 8.0]}
+    assert cur.stratum_stats == {"recover:timeout": [pytest.approx(5.4), pytest.approx(11.2)]}
+    again = _by_progress(fast=0.5)
+    again.load_state_dict(json.loads(json.dumps(cur.state_dict())))
+    assert (again.stratum_fast, again.stratum_stats) == (cur.stratum_fast, cur.stratum_stats)
+    progress = cur.stratum_progress()["recover:timeout"]
+    assert progress < 0.25
+    weights = {"recover:timeout": progress + 0.01, "recover:colon": 0.26}
+    counts = _fault_counts(cur.sample(8))
+    assert counts == {k: v for k, v in _sainte_lague(weights, 8).items() if v}
+    assert counts["recover:colon"] >= 6
+
+
+def test_balance_by_progress_config_keys() -> None:
+    config = load_config(data={}, overrides=["curriculum.balance_skills=recover",
+                                             "curriculum.balance_by=progress",
+                                             "curriculum.balance_decay=0.95",
+                                             "curriculum.balance_fast_decay=0.6"])
+    cur = Curriculum.from_config(config.curriculum, ARITH.sample_task, seed=0, excluded_ids=set())
+    assert (cur.balance_by, cur.balance_decay, cur.balance_fast_decay) == ("progress", 0.95, 0.6)
+    assert load_config(data={}).curriculum.balance_fast_decay == 0.7
+    for bad in (["curriculum.balance_fast_decay=0"],
+                ["curriculum.balance_by=progress", "curriculum.balance_decay=0.6"]):
+        with pytest.raises(ConfigError, match=r"config key 'curriculum"):
+            load_config(data={}, overrides=bad)
+    with pytest.raises(ValueError, match="balance_fast_decay must be below"):
+        Curriculum(ARITH.sample_task, mined_fraction=0.5, replay_fraction=0.0,
+                   mastery_threshold=0.9, mastery_min_samples=8, seed=0, balance_by="progress",
+                   balance_decay=0.5, balance_fast_decay=0.7)
