@@ -184,7 +184,9 @@ COLD_START_UNUSED = ("batch", "curriculum", "generation", "generators", "grpo")
 def config_diff(old: Any, new: Any, path: str = "", ignore: tuple[str, ...] = ()) -> list[str]:
     """The dotted keys where two loop configs differ, top-level sections in `ignore` left out
     (`policy.model` is ignored when both point at a `cold-start/policy`: the same shared start,
-    wherever OUT now lies).
+    wherever OUT now lies). Lists of equal length are compared item by item (`families.0.x`), so
+    a key that one side lacks and the other holds as null (a key added later, default off) is no
+    difference there either.
 
     >>> config_diff({"sft": {"steps": 600}, "seed": 0}, {"sft": {"steps": 400}, "seed": 0})
     ['sft.steps']
@@ -193,6 +195,9 @@ def config_diff(old: Any, new: Any, path: str = "", ignore: tuple[str, ...] = ()
         keys = sorted((set(old) | set(new)) - set(ignore), key=str)
         return [d for k in keys
                 for d in config_diff(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True))
+                for d in config_diff(a, b, f"{path}.{i}" if path else str(i))]
     if path == "policy.model" and all(str(v).replace("\\", "/").endswith("cold-start/policy")
                                       for v in (old, new)):
         return []

@@ -88,6 +88,13 @@ def test_config_diff_names_the_keys_that_differ():
     assert config_diff(base, {**base, "policy": {"model": "tiny"}}) == ["policy.model"]
     assert config_diff(base, {**base, "seed": 1, "sft": {"steps": 600}}) == ["seed", "sft.lr"]
     assert config_diff(base, {**base, "seed": 1, "sft": {"steps": 6}}, ignore=("sft",)) == ["seed"]
+    # families are a list: compared item by item, a key added later as null is no difference
+    fam = {"families": [{"type": "arith", "fault_share": 0.1}, {"type": "lookup"}]}
+    assert config_diff(fam, {"families": [{"type": "arith", "fault_share": 0.1,
+                                           "fault_weights": None}, {"type": "lookup"}]}) == []
+    assert config_diff(fam, {"families": [{"type": "arith", "fault_share": 0.2},
+                                          {"type": "lookup"}]}) == ["families.0.fault_share"]
+    assert config_diff(fam, {"families": [{"type": "arith", "fault_share": 0.1}]}) == ["families"]
 
 
 def test_figures():
