@@ -239,6 +239,9 @@ class CurriculumConfig(Section):
         0.9, gt=0, le=1, description="tasks passing at least this often are skipped"
     )
     mastery_min_samples: int = Field(8, ge=1, description="samples before a task can be mastered")
+    max_draws: int | None = Field(
+        None, ge=1, description="most times one mined task is drawn for training; then it leaves "
+        "the mined pool (null: no cap, drawn until mastered)")
     drop_zero_variance: bool = Field(
         False, description="drop groups whose rewards are all equal (DAPO dynamic sampling)"
     )

@@ -50,6 +50,12 @@ slots, and so does one it is forgetting (its rate falls), which a pool that hold
 or p(1-p), does not see; a type whose rate holds gets the floor. A stratum never observed takes
 0.25, tried first as under `learnability`.
 
+`max_draws` caps how often one mined task is drawn (null: no cap, PLR-style replay until
+mastered): a mined task drawn that many times leaves the mined pool, and slots the pool cannot
+fill go to base draws. In the tail recovery bench 50 to 70 % of the mined training groups were
+tasks trained on for the second to twentieth time, while the exposure control trains on a fresh
+instance nine times in ten.
+
 `observe(trajectories) -> kept` takes a step's scored rollouts whole: it updates each task's pass
 rate (mastery, replay) and passes the groups through the admission gate, returning the
 trajectories worth training on. The gate is `ZeroVarianceGate` (DAPO dynamic sampling): a group
@@ -94,7 +100,8 @@ class Curriculum:
                  gate: ZeroVarianceGate | None = None, weighting: str = "newest",
                  learnability_prior: float = 1.0, learnability_floor: float = 0.01,
                  balance_skills: str | None = None, balance_by: str = "even",
-                 balance_decay: float = 0.9, balance_fast_decay: float = 0.7) -> None:
+                 balance_decay: float = 0.9, balance_fast_decay: float = 0.7,
+                 max_draws: int | None = None) -> None:
         if balance_skills is not None and not balance_skills:
             raise ValueError("curriculum.balance_skills must be a skill namespace (such as "
                              "'recover', for the skills 'recover:*') or null")
@@ -120,6 +127,10 @@ class Curriculum:
             raise ValueError("balance_by 'progress' compares a fast and a slow pass rate: "
                              "curriculum.balance_fast_decay must be below balance_decay, got "
                              f"{balance_fast_decay!r} >= {balance_decay!r}")
+        if max_draws is not None and max_draws < 1:
+            raise ValueError(f"curriculum.max_draws must be >= 1 or null, got {max_draws!r}")
+        self.max_draws = max_draws
+        self.draws: dict[str, int] = {}  # times each mined task was drawn
         self.weighting = weighting
         self.balance_skills = balance_skills
         self.balance_by, self.balance_decay = balance_by, balance_decay
@@ -157,7 +168,7 @@ class Curriculum:
                    learnability_floor=config.learnability_floor,
                    balance_skills=config.balance_skills, balance_by=config.balance_by,
                    balance_decay=config.balance_decay,
-                   balance_fast_decay=config.balance_fast_decay)
+                   balance_fast_decay=config.balance_fast_decay, max_draws=config.max_draws)
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -174,9 +185,14 @@ class Curriculum:
         """Tasks the policy has mastered (see `mastered`), in the order they were first seen."""
         return [self.tasks[t] for t in self.stats if t in self.tasks and self.mastered(t)]
 
+    def _drawable(self, task_id: str) -> bool:
+        """In the mined pool: not mastered, and drawn fewer than `max_draws` times."""
+        return not self.mastered(task_id) and (self.max_draws is None
+                                               or self.draws.get(task_id, 0) < self.max_draws)
+
     def _fresh_mined(self) -> list[str]:
-        """Unmastered generated tasks, newest first, untried before tried."""
-        pool = [t for t in reversed(self.mined) if not self.mastered(t)]
+        """Drawable generated tasks, newest first, untried before tried."""
+        pool = [t for t in reversed(self.mined) if self._drawable(t)]
         return sorted(pool, key=lambda t: self.stats.get(t, TaskStats()).attempts > 0)
 
     def _replayable(self, exclude: set[str]) -> list[str]:
@@ -314,7 +330,7 @@ class Curriculum:
         if self.weighting == "learnability":
             self._last_learnability = {"chosen": {}, "pool": {}}
             clusters = self._cluster_outcomes()
-            chosen = self._balanced([t for t in self.mined if not self.mastered(t)],
+            chosen = self._balanced([t for t in self.mined if self._drawable(t)],
                                     n_mined_slots, lambda pool, k: self._draw(pool, k, clusters))
             n_mined = len(chosen)
             chosen += self._draw(self._replayable(set(chosen)), n_replay_slots, clusters)
@@ -325,6 +341,8 @@ class Curriculum:
             replay = self._replayable(set(chosen))
             self.rng.shuffle(replay)
             chosen += replay[:n_replay_slots]
+        for t in chosen[:n_mined]:
+            self.draws[t] = self.draws.get(t, 0) + 1
         n_replay = len(chosen) - n_mined
         seen = set(chosen)
         for _ in range(50 * n):
@@ -409,6 +427,7 @@ class Curriculum:
             "zero_variance_dropped": self.gate.dropped,
             "stratum_stats": {name: list(c) for name, c in self.stratum_stats.items()},
             "stratum_fast": {name: list(c) for name, c in self.stratum_fast.items()},
+            "draws": dict(self.draws),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -420,6 +439,7 @@ class Curriculum:
         self.gate.dropped = int(state.get("zero_variance_dropped", 0))
         self.stratum_stats = {name: [float(c[0]), float(c[1])]
                               for name, c in state.get("stratum_stats", {}).items()}
+        self.draws = {t: int(n) for t, n in state.get("draws", {}).items()}
         self.stratum_fast = {name: [float(c[0]), float(c[1])]
                              for name, c in state.get("stratum_fast", {}).items()}
 

@@ -784,3 +784,46 @@ def test_balance_by_progress_config_keys() -> None:
         Curriculum(ARITH.sample_task, mined_fraction=0.5, replay_fraction=0.0,
                    mastery_threshold=0.9, mastery_min_samples=8, seed=0, balance_by="progress",
                    balance_decay=0.5, balance_fast_decay=0.7)
+
+
+# -- max_draws ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("weighting", ["newest", "learnability"])
+def test_max_draws_takes_a_mined_task_out_of_the_pool_after_its_draws(weighting: str) -> None:
+    """Six mined tasks, four mined slots per batch. With `max_draws: 1` the first batch takes
+    four, the second the other two (base draws fill the rest), the third none; a resumed
+    curriculum remembers the draws. Without the cap every batch is all mined."""
+    def make(max_draws: int | None) -> Curriculum:
+        cur = Curriculum(ARITH.sample_task, mined_fraction=1.0, replay_fraction=0.0,
+                         mastery_threshold=0.99, mastery_min_samples=1000, seed=0,
+                         weighting=weighting, max_draws=max_draws)
+        cur.add_mined([_typed(i, "timeout") for i in range(1, 7)])
+        return cur
+
+    capped = make(1)
+    first = [t.task_id for t in capped.sample(4) if t.origin == "generated"]
+    assert len(first) == 4 and capped.metrics()["curriculum/mined_in_batch"] == 4
+    state = json.loads(json.dumps(capped.state_dict()))
+    second = [t.task_id for t in capped.sample(4) if t.origin == "generated"]
+    assert len(second) == 2 and not set(first) & set(second)
+    assert capped.metrics()["curriculum/base_in_batch"] == 2
+    assert [t for t in capped.sample(4) if t.origin == "generated"] == []
+    resumed = make(1)
+    resumed.load_state_dict(state)
+    assert resumed.draws == dict.fromkeys(first, 1)
+    assert {t.task_id for t in resumed.sample(4) if t.origin == "generated"} == set(second)
+    uncapped = make(None)
+    for _ in range(3):
+        assert sum(t.origin == "generated" for t in uncapped.sample(4)) == 4
+    twice = make(2)
+    drawn = [t.task_id for _ in range(5) for t in twice.sample(4) if t.origin == "generated"]
+    assert len(drawn) == 12 and set(twice.draws.values()) == {2}  # each task drawn twice
+
+
+def test_max_draws_config_key() -> None:
+    config = load_config(data={}, overrides=["curriculum.max_draws=1"])
+    cur = Curriculum.from_config(config.curriculum, ARITH.sample_task, seed=0, excluded_ids=set())
+    assert cur.max_draws == 1
+    assert load_config(data={}).curriculum.max_draws is None
+    with pytest.raises(ConfigError, match=r"config key 'curriculum\.max_draws'"):
+        load_config(data={}, overrides=["curriculum.max_draws=0"])
