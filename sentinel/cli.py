@@ -89,11 +89,25 @@ def loop(
 
     if not distributed.is_main():  # under a launcher rank 0 reports
         return
-    _, rows = _store(run_dir).query(
-        "SELECT round, heldout_success FROM rounds ORDER BY round")
+    store = _store(run_dir)
+    _, rows = store.query("SELECT round, heldout_success FROM rounds ORDER BY round")
     (r0, first), (rn, last) = rows[0], rows[-1]
     typer.echo(f"held-out success: round {r0} {first:.3f} -> round {rn} {last:.3f}; "
                f"store: {run_dir / 'sentinel.duckdb'}")
+    for line in _changes(store, r0, rn):
+        typer.echo(line)
+
+
+def _changes(store: Any, first: int, last: int) -> list[str]:
+    """Lines stating the paired change of held-out success (and mean recovery) between two
+    rounds with its 95 % CI over the held-out tasks (`sentinel.heldout`); none for one round."""
+    from sentinel.heldout import heldout_change
+
+    if last <= first:
+        return []
+    names = {"success": "held-out success", "recovery": "mean held-out recovery"}
+    return [f"round {first} -> {last}, {names[k]}: {c}"
+            for k, c in heldout_change(store, first, last).items()]
 
 
 def _store(run_dir: Path) -> Any:
@@ -262,6 +276,10 @@ def status(
 
     if not watch:
         console.print(table())
+        _, ends = store.query("SELECT min(round), max(round) FROM rounds")
+        if ends and ends[0][0] is not None:
+            for line in _changes(store, *ends[0]):
+                console.print(line, highlight=False)
         return
     from rich.live import Live
 
