@@ -43,9 +43,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	rm -rf runs/quickstart
-	$(BIN)/sentinel loop --config configs/quickstart.yaml --run-dir runs/quickstart
-	$(BIN)/sentinel status --run-dir runs/quickstart
+	rm -rf runs/demo
+	$(BIN)/sentinel loop --config configs/demo.yaml --run-dir runs/demo
+	$(BIN)/sentinel status --run-dir runs/demo
 
 # tests/test_report.py opens a real run's report in headless Chromium. Installed here, once, where
 # apt-get and root allow (never from inside the suite); elsewhere, or if the install fails, that
