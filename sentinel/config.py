@@ -212,6 +212,29 @@ class ColdStartConfig(SFTConfig):
     enabled: bool = Field(True, description="run the round-0 SFT cold start")
 
 
+class RepairConfig(Section):
+    """Supervised repair after each round's GRPO steps (ReLIFT, Ma et al. 2025, "Learning What
+    Reinforcement Learning Can't"): the verified references of the round's training tasks the
+    policy failed are trained on with the SFT loss, so a remedy that no sampled rollout ever
+    reached (a group with no success carries no GRPO signal) is still taught."""
+
+    epochs: int = Field(0, ge=0, description="passes over the round's repair set after its GRPO "
+                        "steps (ceil(examples / batch_size) SFT steps each); 0: no repair")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the repair steps (constant; "
+                      "a fresh optimizer each round)")
+    batch_size: int = Field(32, ge=1, description="examples per repair step")
+    max_pass_rate: float = Field(0.0, ge=0.0, lt=1.0, description="a training task is repaired "
+                                 "when its success rate over the round's rollouts of it is at "
+                                 "most this (0: only tasks no rollout solved)")
+    tasks: Literal["all", "mined"] = Field("all", description="which failed tasks are repaired: "
+                                           "any, or only generated (failure-mined) ones")
+    replay: float = Field(1.0, ge=0.0, description="references of the round's other training "
+                          "tasks (those above max_pass_rate) added to the repair set, as a "
+                          "multiple of the failed ones (drawn by the round's seed), so the "
+                          "supervised steps do not pull the policy towards the failed tasks "
+                          "alone")
+
+
 class BatchConfig(Section):
     steps_per_round: int = Field(8, ge=1, description="GRPO updates per round")
     tasks_per_step: int = Field(16, ge=1, description="distinct tasks per update")
@@ -347,6 +370,8 @@ class SentinelConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig,
                                    description="the GRPO trainer backend")
     batch: BatchConfig = Field(default_factory=BatchConfig, description="the shape of a batch")
+    repair: RepairConfig = Field(default_factory=RepairConfig, description="supervised repair "
+                                 "on the references of failed training tasks after each round")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out set")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig,
                                          description="what each batch trains on")
@@ -403,6 +428,10 @@ class SentinelConfig(Section):
                 f"curriculum.reference_guidance {self.curriculum.reference_guidance!r} needs "
                 f"trainer.backend 'sentinel' (the {self.trainer.backend} backend builds its own "
                 "batches)")
+        if self.repair.epochs > 0 and self.trainer.backend != "sentinel":
+            raise ValueError(
+                f"repair.epochs > 0 needs trainer.backend 'sentinel' (the {self.trainer.backend} "
+                "backend owns the model's updates)")
         if self.sft.recovery_types is not None and (
                 bad := sorted(set(self.sft.recovery_types) - set(FAULT_TYPES))):
             raise ValueError(f"sft.recovery_types: unknown fault type(s) {bad}; known: "
