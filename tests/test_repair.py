@@ -124,9 +124,9 @@ def test_replay_adds_that_many_of_the_other_tasks_references(
 def test_repair_needs_the_native_trainer_and_sane_keys() -> None:
     with pytest.raises(ConfigError, match="repair"):
         load_config(data={"repair": {"epochs": 1}, "trainer": {"backend": "verl"}})
-    with pytest.raises(ConfigError, match="repair.max_pass_rate"):
+    with pytest.raises(ConfigError, match=r"repair\.max_pass_rate"):
         load_config(data={"repair": {"epochs": 1, "max_pass_rate": 1.0}})
-    with pytest.raises(ConfigError, match="repair.tasks"):
+    with pytest.raises(ConfigError, match=r"repair\.tasks"):
         load_config(data={"repair": {"tasks": "some"}})
     assert load_config(data={}).repair.epochs == 0
 

@@ -348,7 +348,8 @@ MUTATIONS: list[Mutation] = [
              "replayed = rng.sample(others, min(len(others), round(cfg.replay * len(failed))))",
              "replayed = []", ("tests/test_repair.py",)),
     Mutation("repair-not-trained", "sentinel/loop.py",
-             "metrics = trainer.train(examples, on_step=lambda s, m: update(s))\n        model.eval()\n        record.metrics.update({f\"repair/",
+             "metrics = trainer.train(examples, on_step=lambda s, m: update(s))\n"
+             "        model.eval()\n        record.metrics.update({f\"repair/",
              "metrics = {}\n        model.eval()\n        record.metrics.update({f\"repair/",
              ("tests/test_repair.py",)),
     Mutation("repair-never-run", "sentinel/loop.py",
