@@ -51,22 +51,36 @@ def _change(strata: list[list[tuple[float, float]]], n: int, seed: int) -> Chang
                   diffs[min(n - 1, int(0.975 * n))], sum(len(g) for g in strata))
 
 
-def heldout_change(store: Any, first: int, last: int, *, n: int = BOOTSTRAP,
-                   seed: int = 0) -> dict[str, Change]:
-    """{'success': Change, 'recovery': Change (only when some held-out tasks carry a fault
-    type)} between rounds `first` and `last` over the tasks evaluated in both; {} when none
-    were."""
+def paired_rates(store: Any, first: int, last: int) -> list[tuple[float, float, list[str]]]:
+    """(success rate at `first`, at `last`, the task's fault types) of every held-out task
+    evaluated in both rounds, in task-id order."""
     _, rows = store.query(
         "SELECT e0.task_id, e0.success_rate, e1.success_rate, t.skills FROM evals e0 "
         "JOIN evals e1 ON e1.task_id = e0.task_id AND e1.round = ? "
         "JOIN tasks t ON t.task_id = e0.task_id "
         "WHERE e0.round = ? AND e0.k > 0 AND e1.k > 0 ORDER BY e0.task_id", [last, first])
+    return [(a, b, fault_types(skills)) for _, a, b, skills in rows]
+
+
+def paired_change(strata: list[list[tuple[float, float]]], *, n: int = BOOTSTRAP,
+                  seed: int = 0) -> Change:
+    """The change of the mean over `strata` of each stratum's mean (of its (first, last)
+    pairs), with a 95 % CI from resampling the pairs within each stratum."""
+    return _change(strata, n, seed)
+
+
+def heldout_change(store: Any, first: int, last: int, *, n: int = BOOTSTRAP,
+                   seed: int = 0) -> dict[str, Change]:
+    """{'success': Change, 'recovery': Change (only when some held-out tasks carry a fault
+    type)} between rounds `first` and `last` over the tasks evaluated in both; {} when none
+    were."""
+    rows = paired_rates(store, first, last)
     if not rows:
         return {}
-    out = {"success": _change([[(a, b) for _, a, b, _ in rows]], n, seed)}
+    out = {"success": _change([[(a, b) for a, b, _ in rows]], n, seed)}
     by_type: dict[str, list[tuple[float, float]]] = {}
-    for _, a, b, skills in rows:
-        for fault in fault_types(skills):
+    for a, b, faults in rows:
+        for fault in faults:
             by_type.setdefault(fault, []).append((a, b))
     if by_type:
         out["recovery"] = _change([by_type[t] for t in sorted(by_type)], n, seed)

@@ -18,7 +18,7 @@ from sentinel.env.environment import EnvConfig, Episode
 from sentinel.env.parser import format_answer, format_call
 from sentinel.loop import Loop
 from sentinel.record import RoundRecord
-from sentinel.rewards import score
+from sentinel.rewards import RewardConfig, score
 from sentinel.types import Task, Trajectory
 
 ENV = {"max_turns": 4, "max_tokens": 256, "max_turn_tokens": 48}
@@ -45,8 +45,7 @@ def rollouts_of(task: Task, arith: Any, chat: Any, parser: Any, wins: int, n: in
             ids = chat.assistant_ids(text)
             episode.add_policy_turn(ids, [-1.0] * len(ids))
         traj = episode.trajectory(round=round, split="train", sample_idx=k, group_id=task.task_id)
-        traj.reward, traj.reward_terms, traj.success = score(task, traj, arith, load_config(
-            data={}).reward)
+        traj.reward, traj.reward_terms, traj.success = score(task, traj, arith, RewardConfig())
         assert traj.success == (k < wins)
         out.append(traj)
     return out
