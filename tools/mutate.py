@@ -355,6 +355,12 @@ MUTATIONS: list[Mutation] = [
     Mutation("repair-never-run", "sentinel/loop.py",
              "                if cfg.repair.epochs:", "                if False:",
              ("tests/test_repair.py",)),
+    Mutation("tokenizer-numbers-is-chars", "sentinel/policy.py",
+             'extra = NUMBER_TOKENS + REMEDY_TOKENS if kind == "numbers" else []',
+             "extra = []", ("tests/test_policy.py",)),
+    Mutation("tiny-policy-ignores-tokenizer", "sentinel/policy.py",
+             "tokenizer = build_tokenizer(config.tokenizer)", "tokenizer = build_tokenizer()",
+             ("tests/test_policy.py",)),
     # -- the bench's scheduler: an exposure run waits for its seed's failure run, and only it.
     Mutation("bench-exposure-does-not-wait", "sentinel/bench.py",
              'if job[0] == "exposure" and (not needs_share or ("failure", job[1]) in done):',
