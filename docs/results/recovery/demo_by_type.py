@@ -5,7 +5,8 @@ type), then the mean over the types of each run, as `sentinel status` prints it.
 train on one fault type alone (the isolation runs of docs/results.md) it shows what training
 one remedy does to the others.
 
-Usage: python docs/results/recovery/demo_by_type.py RUN_DIR [RUN_DIR ...]
+Usage: python docs/results/recovery/demo_by_type.py [--round N] RUN_DIR [RUN_DIR ...]
+(`--round N`: compare round 0 with round N instead of each run's last round.)
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ def by_type(store: Store, first: int, last: int) -> dict[str, list[tuple[float, 
     return strata
 
 
-def main(run_dirs: list[str]) -> None:
+def main(run_dirs: list[str], at: int | None = None) -> None:
     for run_dir in run_dirs:
         store = Store(Path(run_dir) / "sentinel.duckdb")
         _, rows = store.query("SELECT max(round) FROM evals")
-        last = rows[0][0]
+        last = rows[0][0] if at is None else min(at, rows[0][0])
         strata = by_type(store, 0, last)
         print(f"{run_dir}: round 0 -> {last}")
         for name in sorted(strata, key=lambda s: (s == "clean", s)):
@@ -41,4 +42,8 @@ def main(run_dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if args[:1] == ["--round"]:
+        main(args[2:], int(args[1]))
+    else:
+        main(args)
