@@ -333,3 +333,28 @@ def test_bad_recovery_types_are_config_errors(types: dict[str, float], message: 
 
     with pytest.raises(ConfigError, match=message):
         load_config(data={"sft": {"recovery_share": 0.05, "recovery_types": types}})
+
+
+@pytest.mark.parametrize("fault_type", ["timeout", "rate_limit", "renamed", "truncated"])
+def test_echo_quotes_the_call_and_keeps_remedies(chat: ChatFormat, fault_type: str) -> None:
+    """`fault_echo`: the fault's message quotes the call it met; the remedy and the non-remedy
+    are judged as without it, and the reference still is the remedy."""
+    echoing = ArithFamily(ArithConfig(instruction="", fault_share=1.0, fault_echo=True,
+                                      fault_types=list(FAULT_TYPES)))
+    spec, remedy, wrong = CASES[fault_type]
+    task = echoing.make_task(spec)
+    good = run(echoing, task, remedy, chat)
+    assert good.success, [s.observation for s in good.steps]
+    met = good.steps[1]
+    shown = met.error if met.error is not None else met.observation
+    assert '{"expression": "12+5"}' in (shown or ""), shown
+    if fault_type == "truncated":
+        assert shown == '{"expression": "12+5"} = 1' + TRUNCATED
+    plain = run(ArithFamily(ArithConfig(instruction="", fault_share=1.0,
+                                        fault_types=list(FAULT_TYPES))), task, remedy, chat)
+    quoted = plain.steps[1].error or plain.steps[1].observation
+    assert '"expression"' not in (quoted or "")  # off by default
+    assert not run(echoing, task, wrong, chat).success
+    traj = echoing.reference_trajectory(task, chat, HermesParser(), ENV)
+    assert echoing.verify_trajectory(task, traj)
+    assert [m["content"] for m in traj.messages if m["role"] == "assistant"] == remedy

@@ -25,6 +25,7 @@ family returns fresh wrapped tools for every episode.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from sentinel.env.tools import BadArguments, NoSuchTool, Tool, ToolFailure, check_arguments
@@ -106,34 +107,40 @@ class _EpisodeFaults:
     """One episode's schedule and state: how many calls were made, whether a rate limit holds,
     whether the tool has been renamed."""
 
-    def __init__(self, schedule: list[dict[str, Any]], tool: Tool, new_name: str) -> None:
+    def __init__(self, schedule: list[dict[str, Any]], tool: Tool, new_name: str,
+                 echo: bool = False) -> None:
         self.faults = {f["call"]: f["type"] for f in schedule if f["type"] in TOOL_FAULTS}
-        self.tool, self.new_name = tool, new_name
+        self.tool, self.new_name, self.echo = tool, new_name, echo
         self.calls = 0
         self.limited = False
         self.renamed = False
 
     def call(self, called_as: str, arguments: dict[str, Any]) -> str:
         name = self.tool.name
+        # with `echo`, a fault names the call it met (` on {"expression": "3*4"}`), as a server's
+        # error that quotes the request does
+        on = f" on {json.dumps(arguments, ensure_ascii=False)}" if self.echo else ""
         if called_as == self.new_name and not self.renamed:
             raise NoSuchTool(f"unknown tool {called_as!r}; available: {name}")
         if called_as == name and self.renamed:
-            raise NoSuchTool(f"unknown tool {name!r}{RENAMED_SUFFIX}; available: "
+            raise NoSuchTool(f"unknown tool {name!r}{RENAMED_SUFFIX}{on}; available: "
                              f"{self.new_name}")
         k, self.calls = self.calls, self.calls + 1
         fault = self.faults.get(k)
         if fault == "renamed":
             self.renamed = True
-            raise NoSuchTool(f"unknown tool {name!r}{RENAMED_SUFFIX}; available: "
+            raise NoSuchTool(f"unknown tool {name!r}{RENAMED_SUFFIX}{on}; available: "
                              f"{self.new_name}")
         if fault == "rate_limit":
             self.limited = True
         if self.limited:
-            raise ToolFailure(f"{name} rate limit exceeded; retry after {RETRY_AFTER_S} s")
+            raise ToolFailure(f"{name} rate limit exceeded{on}; retry after {RETRY_AFTER_S} s")
         if fault == "timeout":
-            raise ToolFailure(f"{name} timed out after 10 s; try again", timeout=True)
+            raise ToolFailure(f"{name} timed out after 10 s{on}; try again", timeout=True)
         result = self.tool(**arguments)
-        return truncate(result) if fault == "truncated" else result
+        if fault != "truncated":
+            return result
+        return f"{on[4:]} = {truncate(result)}" if on else truncate(result)
 
 
 class _ScheduledTool:
@@ -154,11 +161,13 @@ class _ScheduledTool:
 
 
 def apply_schedule(tools: dict[str, Tool], target: str, schedule: list[dict[str, Any]], *,
-                   new_name: str = "calc", with_wait: bool = False) -> dict[str, Tool]:
+                   new_name: str = "calc", with_wait: bool = False,
+                   echo: bool = False) -> dict[str, Tool]:
     """`tools` with `target` wrapped to meet `schedule` (its tool faults; `notation` is the
     family's), plus the hidden `new_name` alias when the schedule renames it, plus `wait` when
-    `with_wait` or the schedule has a rate limit. Fresh state: call once per episode."""
-    state = _EpisodeFaults(schedule, tools[target], new_name)
+    `with_wait` or the schedule has a rate limit; with `echo`, each tool fault's message quotes
+    the arguments of the call it met. Fresh state: call once per episode."""
+    state = _EpisodeFaults(schedule, tools[target], new_name, echo)
     out = dict(tools)
     out[target] = _ScheduledTool(state, target)
     if any(f["type"] == "renamed" for f in schedule):

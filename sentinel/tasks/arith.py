@@ -87,6 +87,10 @@ class ArithConfig(FamilyConfig):
         None, description="relative weights of fault_types in the base distribution's draw of "
         "a fault type (a type missing or weighted 0 is never drawn, but stays in fault_types: "
         "its tools are still listed and the cold start still demonstrates it); null: uniform")
+    fault_echo: bool = Field(
+        False, description="a scheduled tool fault's message quotes the arguments of the call it "
+        "met (`calculator timed out after 10 s on {\"expression\": \"3*4\"}; try again`), as "
+        "a server's error that quotes the request does")
 
     @model_validator(mode="after")
     def _check(self) -> ArithConfig:
@@ -169,7 +173,7 @@ class ArithFamily(TaskFamily):
         if not faults and "wait" not in tools:
             return tools
         return apply_schedule({"calculator": tools["calculator"]}, "calculator", faults,
-                              with_wait="wait" in tools)
+                              with_wait="wait" in tools, echo=self.config.fault_echo)
 
     # -- fault schedules -----------------------------------------------------------------------
     def fault_types(self) -> tuple[str, ...]:
