@@ -15,7 +15,7 @@ keeps the integers 10-99 and the fault remedies' tool names whole (`NUMBER_TOKEN
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,7 +32,8 @@ CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
 # `chars` spells out.
 NUMBER_TOKENS = [str(n) for n in range(10, 100)]
 REMEDY_TOKENS = ["wait", "calc", '{"seconds": ']
-TOKENIZERS = ("chars", "numbers")
+TokenizerKind = Literal["chars", "numbers"]
+TOKENIZERS: tuple[str, ...] = get_args(TokenizerKind)
 
 # Compact on purpose: every character is a token for this model, so the framing is kept short
 # (no newlines between turns; a tool result is just its <tool_response> block).
@@ -58,7 +59,7 @@ class TinyPolicyConfig(BaseModel):
     num_attention_heads: int = Field(6, ge=1, description="attention heads (no grouped KV)")
     max_position_embeddings: int = Field(1024, ge=64, description="context length")
     seed: int = Field(0, description="seed of the weight init")
-    tokenizer: Literal["chars", "numbers"] = Field(
+    tokenizer: TokenizerKind = Field(
         "chars", description="`chars`: one token per character plus the chat and tool-call "
         "markers; `numbers`: also whole tokens for 10-99 and the remedy tools (`wait`, `calc`)")
 

@@ -119,7 +119,8 @@ class _EpisodeFaults:
         name = self.tool.name
         # with `echo`, a fault names the call it met (` on {"expression": "3*4"}`), as a server's
         # error that quotes the request does
-        on = f" on {json.dumps(arguments, ensure_ascii=False)}" if self.echo else ""
+        quoted = json.dumps(arguments, ensure_ascii=False) if self.echo else ""
+        on = f" on {quoted}" if quoted else ""
         if called_as == self.new_name and not self.renamed:
             raise NoSuchTool(f"unknown tool {called_as!r}; available: {name}")
         if called_as == name and self.renamed:
@@ -140,7 +141,7 @@ class _EpisodeFaults:
         result = self.tool(**arguments)
         if fault != "truncated":
             return result
-        return f"{on[4:]} = {truncate(result)}" if on else truncate(result)
+        return f"{quoted} = {truncate(result)}" if quoted else truncate(result)
 
 
 class _ScheduledTool:

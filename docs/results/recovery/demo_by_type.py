@@ -27,11 +27,21 @@ def by_type(store: Store, first: int, last: int) -> dict[str, list[tuple[float, 
     return strata
 
 
+def compared_round(store: Store, at: int | None) -> int:
+    """The round compared with round 0: `at` (at most the last evaluated), else the last."""
+    _, rows = store.query("SELECT max(round) FROM evals")
+    return rows[0][0] if at is None else min(at, rows[0][0])
+
+
+def parse_args(args: list[str]) -> tuple[list[str], int | None]:
+    """`[--round N] RUN_DIR ...` as (run dirs, N or None)."""
+    return (args[2:], int(args[1])) if args[:1] == ["--round"] else (args, None)
+
+
 def main(run_dirs: list[str], at: int | None = None) -> None:
     for run_dir in run_dirs:
         store = Store(Path(run_dir) / "sentinel.duckdb")
-        _, rows = store.query("SELECT max(round) FROM evals")
-        last = rows[0][0] if at is None else min(at, rows[0][0])
+        last = compared_round(store, at)
         strata = by_type(store, 0, last)
         print(f"{run_dir}: round 0 -> {last}")
         for name in sorted(strata, key=lambda s: (s == "clean", s)):
@@ -42,8 +52,4 @@ def main(run_dirs: list[str], at: int | None = None) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args[:1] == ["--round"]:
-        main(args[2:], int(args[1]))
-    else:
-        main(args)
+    main(*parse_args(sys.argv[1:]))

@@ -26,6 +26,8 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from demo_by_type import compared_round, parse_args  # beside this script
+
 from task_store import Store
 
 CALL = re.compile(r'"name": "([^"]*)", "arguments": (\{.*\})\}?</tool_call>')
@@ -79,8 +81,7 @@ def main(run_dirs: list[str], at: int | None = None) -> None:
                                                                 "before", "no fault")))
     for run_dir in run_dirs:
         store = Store(Path(run_dir) / "sentinel.duckdb")
-        _, rows = store.query("SELECT max(round) FROM evals")
-        last = rows[0][0] if at is None else min(at, rows[0][0])
+        last = compared_round(store, at)
         first, final = counts(store, 0), counts(store, last)
         for fault_type in sorted(first):
             for r, table in ((0, first), (last, final)):
@@ -89,8 +90,4 @@ def main(run_dirs: list[str], at: int | None = None) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    if args[:1] == ["--round"]:
-        main(args[2:], int(args[1]))
-    else:
-        main(args)
+    main(*parse_args(sys.argv[1:]))
