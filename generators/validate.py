@@ -5,7 +5,9 @@ Per candidate, in order (the first failing check is the rejection reason):
 1. `not_a_candidate`: not a `Candidate`, or its fields have the wrong types; `unparseable`: the
    generator yielded `Unparseable` (free text it could not read, e.g. a teacher's garbage).
 2. `unknown_family`: its family is not one of `families`.
-3. `schema`: `family.validate_spec` refuses the spec.
+3. `schema`: a text of the candidate (spec keys and values, family, lineage, prefix) cannot be
+   stored (not UTF-8: a lone surrogate; the detail names the field), or `family.validate_spec`
+   refuses the spec. Every text of a rejection is stored with such characters escaped.
 4. `unsolvable`: `family.make_task` fails: the reference solver, really calling the tools, cannot
    solve it. The task's answer is whatever the tools produced, never the generator's claim.
 5. `answer_mismatch`: the candidate claims an answer and the family's verifier refuses it.
@@ -86,6 +88,63 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:DETAIL_CHARS]
 
 
+def _unencodable(value: Any, where: str, depth: int = 0) -> str | None:
+    """The first place in `value` (a spec, a text field) holding text that cannot be stored
+    (not encodable as UTF-8: a lone surrogate), as `where` plus its path; None when all of it
+    can."""
+    if depth > 64:
+        return None  # deeper nesting is the family's schema check's business
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{where}: text that cannot be encoded as UTF-8 ({exc.reason} at {exc.start})"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            key_text = key if isinstance(key, str) else repr(key)
+            if (found := _unencodable(key, f"{where} key", depth + 1)) is not None:
+                return found
+            if (found := _unencodable(item, f"{where}.{_storable(key_text)}", depth + 1)):
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if (found := _unencodable(item, f"{where}[{i}]", depth + 1)) is not None:
+                return found
+    return None
+
+
+def _storable(text: str) -> str:
+    """`text` with what UTF-8 cannot hold written as `\\udXXX` escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _storable_value(value: Any, depth: int = 0) -> Any:
+    """`value` with every str (keys too) made `_storable`, for the rejection's JSON spec column
+    (JSON's `\\ud800` escape of a lone surrogate is refused by the store's JSON type)."""
+    if isinstance(value, str):
+        return _storable(value)
+    if depth > 64:
+        return repr(value)
+    if isinstance(value, dict):
+        return {_storable_value(k, depth + 1): _storable_value(v, depth + 1)
+                for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable_value(v, depth + 1) for v in value]
+    return value
+
+
+def _text_problem(candidate: Candidate) -> str | None:
+    """Text of a well-typed candidate that could not be stored (checked before anything is)."""
+    fields = {"family": candidate.family, "spec": candidate.spec, "answer": candidate.answer,
+              "parent_task_id": candidate.parent_task_id, "failure_ids": candidate.failure_ids,
+              "prefix": candidate.prefix, "hint": getattr(candidate, "hint", "")}
+    for name, value in fields.items():
+        if (found := _unencodable(value, name)) is not None:
+            return found
+    return None
+
+
 def _field_problem(candidate: Candidate) -> str | None:
     if not isinstance(candidate.family, str):
         return f"family must be a str, got {type(candidate.family).__name__}"
@@ -115,15 +174,17 @@ def _build(
 
     def reject(reason: str, detail: str) -> Rejection:
         is_candidate = isinstance(candidate, Candidate)
+        # Every text of the rejection is made storable: it may quote what could not be stored.
         return Rejection(
             round=round,
             generator=generator,
-            family=candidate.family if is_candidate and isinstance(candidate.family, str) else "",
-            spec=spec_text(candidate.spec if is_candidate else candidate),
+            family=_storable(candidate.family)
+            if is_candidate and isinstance(candidate.family, str) else "",
+            spec=spec_text(_storable_value(candidate.spec if is_candidate else candidate)),
             reason=reason,
-            detail=detail[:DETAIL_CHARS],
+            detail=_storable(detail[:DETAIL_CHARS]),
             parent_task_id=(
-                candidate.parent_task_id
+                _storable(candidate.parent_task_id)
                 if is_candidate and isinstance(candidate.parent_task_id, str)
                 else None
             ),
@@ -136,15 +197,18 @@ def _build(
             family="",
             spec=json.dumps(str(candidate.text)[:DETAIL_CHARS]),
             reason="unparseable",
-            detail=str(candidate.error)[:DETAIL_CHARS],
+            detail=_storable(str(candidate.error)[:DETAIL_CHARS]),
             parent_task_id=(
-                candidate.parent_task_id if isinstance(candidate.parent_task_id, str) else None
+                _storable(candidate.parent_task_id)
+                if isinstance(candidate.parent_task_id, str) else None
             ),
         )
     if not isinstance(candidate, Candidate):
         return reject("not_a_candidate", f"got {type(candidate).__name__}, not a Candidate")
     if (problem := _field_problem(candidate)) is not None:
         return reject("not_a_candidate", problem)
+    if (problem := _text_problem(candidate)) is not None:
+        return reject("schema", problem)
     family = families.get(candidate.family)
     if family is None:
         known = ", ".join(sorted(families))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from typing import Any, Literal
 
 Origin = Literal["seed", "generated", "eval"]
@@ -245,6 +245,9 @@ class Candidate:
     family's reference solution and rejects the candidate when they differ. `prefix` is the
     task's revealed start state (`Task.prefix`, and `Task.hint`, the revealed start of the next
     turn); the pipeline replays it before accepting it.
+
+    `generator=` (removed: the runner records which generator made each task) is still accepted,
+    with a `DeprecationWarning`, and ignored; it goes in the next release.
     """
 
     family: str
@@ -254,6 +257,15 @@ class Candidate:
     failure_ids: list[str] = field(default_factory=list)
     prefix: list[str] = field(default_factory=list)
     hint: str = ""
+    generator: InitVar[str | None] = None
+
+    def __post_init__(self, generator: str | None) -> None:
+        if generator is not None:
+            import warnings
+
+            warnings.warn("Candidate(generator=...) is deprecated and ignored: the runner records "
+                          "which generator made each task (docs/generators.md)",
+                          DeprecationWarning, stacklevel=3)
 
 
 @dataclass

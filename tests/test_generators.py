@@ -516,3 +516,43 @@ def test_the_generator_sees_its_clamped_budget_as_ctx_budget() -> None:
     _, _, stats = run_generators([Endless()], context([], [], budget=5),
                                  known_task_ids=nothing_known)
     assert seen == [3, 5] and stats["endless"]["proposed"] == 5
+
+
+LONE = "\ud800"  # a lone surrogate: a Python str, but no UTF-8 text
+
+
+@pytest.mark.parametrize("candidate, field", [
+    (Candidate("arith", {"expr": "2+3", "note": f"x{LONE}"}), "spec.note"),
+    (Candidate("arith", {f"k{LONE}": 1, "expr": "2+3"}), "spec key"),
+    (Candidate("arith", {"expr": "2+3"}, parent_task_id=f"t{LONE}"), "parent_task_id"),
+    (Candidate(f"arith{LONE}", {"expr": "2+3"}), "family"),
+    (Candidate("arith", {"expr": "2+3"}, failure_ids=["f", LONE]), "failure_ids[1]"),
+    (Candidate("arith", {"expr": "2+3"}, prefix=[LONE]), "prefix[0]"),
+])
+def test_text_that_cannot_be_stored_is_a_schema_rejection_that_commits(
+        candidate, field, tmp_path):
+    """A plugin's lone surrogate is a `schema` rejection naming the field, and the round with
+    that rejection (and a good task beside it) commits to a real store."""
+    from task_store import Store
+
+    tasks, rejections = validate([candidate, Candidate("arith", {"expr": "4+4"})])
+    assert [t.spec["expr"] for t in tasks] == ["4+4"]
+    (rejection,) = rejections
+    assert rejection.reason == "schema" and rejection.detail.startswith(field), rejection
+    assert "UTF-8" in rejection.detail
+    store = Store.create(tmp_path / "s.duckdb", "run", {})
+    store.record_round(1, {"started_at": 0.0, "finished_at": 1.0},
+                       tasks=[t.to_row() for t in tasks],
+                       rejections=[r.to_row() for r in rejections])
+    _, rows = store.query("SELECT reason, spec FROM rejections")
+    assert rows[0][0] == "schema" and "2+3" in rows[0][1]
+
+
+def test_the_removed_generator_keyword_still_works_with_a_warning():
+    """A generator written from an earlier docs/generators.md passes `generator=`: it warns,
+    is ignored (the runner names the generator) and the candidate validates."""
+    with pytest.warns(DeprecationWarning, match="generator"):
+        old = Candidate("arith", {"expr": "2+3"}, generator="mine")
+    tasks, rejections = validate([old])
+    assert rejections == [] and tasks[0].generator == "test"
+    assert not hasattr(old, "generator") or old.generator is None

@@ -232,10 +232,16 @@ results = {}
 for key, case in json.load(sys.stdin).items():
     sleeper = subprocess.Popen([*sleeper_prefix, "sleep", "30"]) if case["sleeper"] else None
     code = case["code"].replace("SLEEPER", str(sleeper.pid) if sleeper else "0")
-    result = sandbox.run_python(code, sandbox.SandboxLimits(**case["limits"]),
-                                audit_hook=case["audit_hook"])
+    try:
+        result = sandbox.run_python(code, sandbox.SandboxLimits(**case["limits"]),
+                                    audit_hook=case["audit_hook"])
+        found = dataclasses.asdict(result)
+    except Exception as exc:  # the host raised: what a loop would die of
+        found = {"status": "host raised", "reason": f"{type(exc).__name__}: {exc}",
+                 "stdout": ""}
     time.sleep(case["wait_s"])  # for anything the program left behind to act
-    found = dataclasses.asdict(result)
+    found["leftovers"] = [n for n in os.listdir(sandbox.tempfile_dir())
+                          if n.startswith(f"{sandbox.WORKDIR_PREFIX}{os.getpid()}-")]
     found["sleeper_alive"] = sleeper is not None and sleeper.poll() is None
     found["target_exists"] = bool(case["target"]) and os.path.lexists(case["target"])
     if found["target_exists"]:
@@ -332,6 +338,19 @@ ESCAPES = {
 }
 
 
+# Working directories that `shutil.rmtree` cannot remove (RecursionError, PermissionError): the
+# host must remove them all the same, and never raise.
+MESSES = {
+    "a 3,000-deep tree": "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+                         "print('deep')",
+    "60,000 files": "for i in range(60000):\n    open(f'f{i}', 'w').close()\nprint('wide')",
+    "a directory made with mode 0": "import os\nos.mkdir('d', 0)\nprint('made')",
+    "a full directory made mode 0": (
+        "import os\nos.mkdir('d')\nos.mkdir('d/e')\nopen('d/e/f', 'w').write('x')\n"
+        "os.chmod('d/e', 0)\nos.chmod('d', 0)\nprint('made')"),
+}
+
+
 def _escape_case(name: str, audit_hook: bool) -> dict:
     code, watch = ESCAPES[name]
     target = _target() if watch == "target" else ""
@@ -350,6 +369,11 @@ def _mode_results(mode: str) -> dict[str, dict]:
                                  "target": "", "wait_s": 0.0,
                                  "limits": {"timeout_s": FAST.timeout_s}}
              for name, (code, _) in HOSTILE.items()}
+    for name, code in MESSES.items():
+        # Without the audit hook (its file cap would stop the deep tree): the kernel layers
+        # are the boundary, and the host's clean-up must hold behind them alone.
+        cases[f"mess:{name}"] = {"code": code, "audit_hook": False, "sleeper": False,
+                                 "target": "", "wait_s": 0.0, "limits": {"timeout_s": 10.0}}
     for name in ESCAPES:
         cases[f"escape:{name}:hook"] = _escape_case(name, True)
         cases[f"escape:{name}:nohook"] = _escape_case(name, False)
@@ -404,6 +428,54 @@ def test_escape_is_contained(name: str, mode: str, audit_hook: bool) -> None:
     assert found["status"] != "ok", found
     if audit_hook:
         assert found["status"] == "blocked", found
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(MESSES))
+def test_any_working_directory_is_removed(name: str, mode: str) -> None:
+    """What a program leaves in its working directory, at any depth and with any permission
+    bits, is removed by the host, which never raises for it."""
+    found = _results(mode)[f"mess:{name}"]
+    assert found["status"] != "host raised", found
+    assert found["leftovers"] == [], found
+
+
+def test_remove_tree_and_the_stale_sweep(tmp_path: Path) -> None:
+    deep = tmp_path / "deep"
+    here = deep
+    here.mkdir()
+    fd = os.open(here, os.O_RDONLY)
+    try:  # deeper than PATH_MAX allows a path to name and than the recursion limit allows
+        for _ in range(3000):
+            os.mkdir("dd", dir_fd=fd)
+            child = os.open("dd", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "w") as f:
+            f.write("x")
+    finally:
+        os.close(fd)
+    (deep / "locked").mkdir()
+    (deep / "locked" / "f").write_text("x")
+    os.symlink("/etc", deep / "link")
+    (deep / "locked").chmod(0)
+    sandbox.remove_tree(str(deep))
+    assert not deep.exists() and Path("/etc").is_dir()
+    sandbox.remove_tree(str(deep))  # already gone: no error
+    # A folder left by a run that is gone (its pid is free) is swept; a live run's is not.
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    base = Path(tempfile.gettempdir())
+    stale = base / f"{sandbox.WORKDIR_PREFIX}{dead}-test{uuid.uuid4().hex[:6]}"
+    live = base / f"{sandbox.WORKDIR_PREFIX}{os.getppid()}-test{uuid.uuid4().hex[:6]}"
+    for folder in (stale, live):
+        (folder / "sub").mkdir(parents=True)
+    try:
+        sandbox._sweep_stale_workdirs.cache_clear()
+        assert sandbox._sweep_stale_workdirs() >= 1
+        assert not stale.exists() and live.is_dir()
+    finally:
+        shutil.rmtree(live, ignore_errors=True)
 
 
 def test_timeout_is_flagged_as_a_timeout(python: Python) -> None:
@@ -580,3 +652,40 @@ def test_hostile_call_in_an_episode_is_an_error_observation() -> None:
     turn(format_answer("35"))
     assert episode.done and episode.finish_reason == "answer" and episode.answer == "35"
     assert family.verify(task, episode.answer)
+
+
+class _Broken:
+    """A tool whose own code fails the way a host call can (rmtree's RecursionError, a
+    PermissionError, any bug)."""
+
+    name = "broken"
+    description = "fails"
+    parameters: dict = {"type": "object", "properties": {}, "required": []}  # noqa: RUF012
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __call__(self, **arguments) -> str:
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [RecursionError("maximum recursion depth exceeded"),
+                                 PermissionError(13, "Permission denied"),
+                                 KeyError("bug"), OSError(28, "No space left on device")])
+def test_any_exception_of_a_tool_is_that_steps_error(exc: BaseException) -> None:
+    """The rollout survives any exception a tool raises: it is the step's recorded tool error
+    and the episode goes on."""
+    chat = ChatFormat(build_tokenizer())
+    family = ArithFamily()
+    task = family.make_task({"expr": "3+4"})
+    tools = {**family.tool_map(), "broken": _Broken(exc)}
+    episode = Episode(task, tools, chat, HermesParser(), EnvConfig(max_tokens=4096),
+                      random.Random(0))
+    ids = chat.assistant_ids(format_call("broken", {}))
+    episode.add_policy_turn(ids, [0.0] * len(ids))
+    step = episode.steps[-1]
+    assert step.error_kind == "tool_error" and type(exc).__name__ in step.error
+    assert step.observation.startswith("Error: broken failed") and not episode.done
+    ids = chat.assistant_ids(format_answer("7"))
+    episode.add_policy_turn(ids, [0.0] * len(ids))
+    assert episode.done and family.verify(task, episode.answer)

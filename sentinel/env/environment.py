@@ -142,6 +142,10 @@ class Episode:
             except ToolFailure as exc:
                 step.error = str(exc)
                 step.error_kind = "timeout" if exc.timeout else "tool_error"
+            except Exception as exc:  # a tool's own bug or its host's: this step's error, never
+                # the rollout's (RecursionError, PermissionError, ... from what the call did)
+                step.error = f"{call.name} failed: {type(exc).__name__}: {exc}"[:500]
+                step.error_kind = "tool_error"
         if step.error is not None:
             step.observation = f"Error: {step.error}"
         step.observation = (step.observation or "")[:MAX_OBSERVATION_CHARS]

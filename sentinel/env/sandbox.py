@@ -342,6 +342,97 @@ def _cpu_seconds(limits: SandboxLimits) -> int:
     return int(limits.timeout_s) + 1
 
 
+WORKDIR_PREFIX = "sentinel-sandbox-"
+
+
+def tempfile_dir() -> str:
+    """Where the sandbox's working directories are made (`tempfile.gettempdir()`)."""
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory `path` and whatever a program left in it: any depth and any
+    permission bits. Iterative and by directory fd: every subdirectory is first made 0o700 and
+    moved up into `path` itself, so neither Python's recursion limit, nor PATH_MAX, nor the
+    number of open files bounds the depth (`shutil.rmtree` raises `RecursionError` on a
+    ~3,000-deep tree and `PermissionError` on a directory made with mode 0). A `path` that is
+    already gone is no error."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    try:
+        root = os.open(path, flags)
+    except FileNotFoundError:
+        return
+    try:
+        pending = [None]  # None: the root itself; else a directory's name inside the root
+        moved = 0
+        while pending:
+            name = pending.pop()
+            if name is None:
+                fd = root
+            else:
+                with contextlib.suppress(OSError):
+                    os.chmod(name, 0o700, dir_fd=root)  # a directory (moved here as one)
+                fd = os.open(name, flags, dir_fd=root)
+            try:
+                with os.scandir(fd) as entries:
+                    listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+                for entry, is_dir in listed:
+                    if not is_dir:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(entry, dir_fd=fd)
+                    elif fd == root:
+                        pending.append(entry)
+                    else:
+                        while True:  # a name not yet taken in the root
+                            moved += 1
+                            target = f".sentinel-rm-{moved}"
+                            try:
+                                os.stat(target, dir_fd=root, follow_symlinks=False)
+                            except FileNotFoundError:
+                                break
+                        with contextlib.suppress(OSError):  # moving it rewrites its `..`
+                            os.chmod(entry, 0o700, dir_fd=fd)
+                        os.rename(entry, target, src_dir_fd=fd, dst_dir_fd=root)
+                        pending.append(target)
+            finally:
+                if fd != root:
+                    os.close(fd)
+            if name is not None:
+                os.rmdir(name, dir_fd=root)
+    finally:
+        os.close(root)
+    os.rmdir(path)
+
+
+@functools.cache
+def _sweep_stale_workdirs() -> int:
+    """Once per process: remove the sandbox folders of runs that are gone (killed before their
+    clean-up), i.e. `sentinel-sandbox-<pid>-*` whose pid is not alive. Returns how many."""
+    removed = 0
+    base = tempfile_dir()
+    with contextlib.suppress(OSError), os.scandir(base) as entries:
+        names = [e.name for e in entries if e.name.startswith(WORKDIR_PREFIX)]
+    for name in names:
+        pid = name[len(WORKDIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # its run is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        with contextlib.suppress(OSError):
+            remove_tree(os.path.join(base, name))
+            removed += 1
+    return removed
+
+
 def run_python(code: str, limits: SandboxLimits | None = None, *,
                audit_hook: bool = True, kernel_layer: bool = True) -> SandboxResult:
     """Run `code` in the sandbox and report what happened; never raises for anything the code
@@ -349,7 +440,6 @@ def run_python(code: str, limits: SandboxLimits | None = None, *,
     machine without seccomp unless `limits.allow_without_kernel_layer`). `audit_hook=False`
     turns off layer 6 and `kernel_layer=False` layer 5 with the PID, IPC and user namespaces,
     only so tests can show what each holds on its own and the benchmark can time them."""
-    import shutil
     import subprocess
     import tempfile
     import time
@@ -363,7 +453,8 @@ def run_python(code: str, limits: SandboxLimits | None = None, *,
             f"{kernel['why']}; SandboxLimits(allow_without_kernel_layer=True) runs it with the "
             "audit hook as the last layer (docs/reliability.md says what then does not hold)")
     ids, unshare = _probe(kernel_layer)
-    workdir = os.path.realpath(tempfile.mkdtemp(prefix="sentinel-sandbox-"))
+    _sweep_stale_workdirs()
+    workdir = os.path.realpath(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
     try:
         code_path = os.path.join(workdir, "snippet.py")
         with open(code_path, "w", encoding="utf-8") as f:
@@ -401,7 +492,7 @@ def run_python(code: str, limits: SandboxLimits | None = None, *,
             status, reason = _classify(proc.returncode, stderr, limits)
         return SandboxResult(status, stdout, stderr, reason, proc.returncode, wall)
     finally:
-        shutil.rmtree(workdir)
+        remove_tree(workdir)
 
 
 # -- the child side: runs as `python -I -S sandbox.py CONFIG`; standard library only -----------
