@@ -78,7 +78,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
-from sentinel.config import Section, SentinelConfig, load_config
+from sentinel.config import Section, SentinelConfig, drop_removed, load_config
 
 ARMS = ("failure", "uniform", "filter", "exposure")
 Arm = Literal["failure", "uniform", "filter", "exposure"]
@@ -204,6 +204,13 @@ def config_diff(old: Any, new: Any, path: str = "", ignore: tuple[str, ...] = ()
     return [] if old == new else [path or "(root)"]
 
 
+def kept_config(path: Path) -> Any:
+    """The loop config a kept run was made with (its `bench-config.yaml`), without the keys
+    removed since then that it holds at their off values (`sentinel.config.drop_removed`): such a
+    run is the run the bench would make now. A removed key that was on stays, and differs."""
+    return drop_removed(yaml.safe_load(path.read_text()), strict=False)[0]
+
+
 def _launch(config: dict[str, Any], run_dir: Path, rounds: int, threads: int,
             ignore: tuple[str, ...] = ()) -> float:
     """Run (or resume, or skip) one `sentinel loop`; returns its wall seconds. A run found in
@@ -215,9 +222,8 @@ def _launch(config: dict[str, Any], run_dir: Path, rounds: int, threads: int,
     done = _completed(run_dir)
     cfg_path = run_dir / "bench-config.yaml"
     if done and cfg_path.exists():
-        made = yaml.safe_load(cfg_path.read_text())
-        diff = config_diff(made, yaml.safe_load(yaml.safe_dump(config, sort_keys=False)),
-                           ignore=ignore)
+        diff = config_diff(kept_config(cfg_path),
+                           yaml.safe_load(yaml.safe_dump(config, sort_keys=False)), ignore=ignore)
         if diff:
             raise BenchError(f"{run_dir} holds a run made with another config (differs in "
                              f"{', '.join(diff)}): use another --out, or remove {run_dir} "

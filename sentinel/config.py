@@ -19,6 +19,11 @@ Renamed keys are still read, with a `FutureWarning` naming the new key: `generat
 `generation.max_candidates`, `generation.probe_budget` is `generation.max_probed`, a family entry's
 `name` and `config` are `type` and the options inline, and `grpo.temperature` is
 `rollout.temperature` (accepted only when the two are equal, as they had to be).
+
+Removed keys (`REMOVED`: knobs taken out of the core because their result was no gain,
+docs/architecture.md) are dropped, with one `FutureWarning`, where they hold the value that left
+their behaviour off, as every config stored before their removal does; any other value is an
+error naming the key and the result it was removed on (the behaviour it asks for is gone).
 """
 
 from __future__ import annotations
@@ -213,29 +218,6 @@ class ColdStartConfig(SFTConfig):
     enabled: bool = Field(True, description="run the round-0 SFT cold start")
 
 
-class RepairConfig(Section):
-    """Supervised repair after each round's GRPO steps (ReLIFT, Ma et al. 2025, "Learning What
-    Reinforcement Learning Can't"): the verified references of the round's training tasks the
-    policy failed are trained on with the SFT loss, so a remedy that no sampled rollout ever
-    reached (a group with no success carries no GRPO signal) is still taught."""
-
-    epochs: int = Field(0, ge=0, description="passes over the round's repair set after its GRPO "
-                        "steps (ceil(examples / batch_size) SFT steps each); 0: no repair")
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate of the repair steps (constant; "
-                      "a fresh optimizer each round)")
-    batch_size: int = Field(32, ge=1, description="examples per repair step")
-    max_pass_rate: float = Field(0.0, ge=0.0, lt=1.0, description="a training task is repaired "
-                                 "when its success rate over the round's rollouts of it is at "
-                                 "most this (0: only tasks no rollout solved)")
-    tasks: Literal["all", "mined"] = Field("all", description="which failed tasks are repaired: "
-                                           "any, or only generated (failure-mined) ones")
-    replay: float = Field(1.0, ge=0.0, description="references of the round's other training "
-                          "tasks (those above max_pass_rate) added to the repair set, as a "
-                          "multiple of the failed ones (drawn by the round's seed), so the "
-                          "supervised steps do not pull the policy towards the failed tasks "
-                          "alone")
-
-
 class BatchConfig(Section):
     steps_per_round: int = Field(8, ge=1, description="GRPO updates per round")
     tasks_per_step: int = Field(16, ge=1, description="distinct tasks per update")
@@ -353,6 +335,53 @@ class GenerationConfig(Section):
         return v
 
 
+# -- removed keys ---------------------------------------------------------------------------------
+# A knob stays in the core only with a measured positive entry in docs/results.md
+# (docs/architecture.md, "Admitting knobs by result"). Each removed key: the value that left its
+# behaviour off (`ANY`: the key was read only when another removed key, checked before it,
+# turned the behaviour on) and the result it was removed on. A section emptied by the drop
+# (`repair`) goes with it.
+ANY = object()
+_REPAIR = ("supervised repair after each round (ReLIFT): repair - plain -0.050 "
+           "[-0.095, -0.025] in mean held-out recovery over three paired seeds (docs/results.md, "
+           "'Each remedy trained alone')")
+REMOVED: dict[str, tuple[Any, str]] = {
+    "repair.epochs": (0, _REPAIR),
+    **{f"repair.{k}": (ANY, _REPAIR)
+       for k in ("lr", "batch_size", "max_pass_rate", "tasks", "replay")},
+}
+REMOVED_SECTIONS = ("repair",)
+
+
+def drop_removed(data: Any, strict: bool = True) -> tuple[Any, list[str]]:
+    """`data` (a raw config mapping; not modified) without the removed keys it holds at their off
+    values (`REMOVED`), and the dotted keys dropped. A removed key at any other value is a
+    `ValueError` naming it and the result it was removed on (`strict`), or is left in place (not
+    strict: the bench compares a kept run's config with it).
+
+    >>> drop_removed({"seed": 1, "repair": {"epochs": 0, "lr": 3e-5}})
+    ({'seed': 1}, ['repair.epochs', 'repair.lr', 'repair'])
+    """
+    if not isinstance(data, dict):
+        return data, []
+    data, dropped = copy.deepcopy(data), []
+    for key, (off, result) in [*REMOVED.items(), *((s, ({}, "")) for s in REMOVED_SECTIONS)]:
+        *parents, last = key.split(".")
+        node: Any = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            continue
+        if off is ANY or node[last] == off:
+            del node[last]
+            dropped.append(key)
+        elif strict and result:
+            raise ValueError(f"config key {key!r} ({node[last]!r}) was removed, measured as no "
+                             f"gain: {result}; remove it (a run that used it cannot be "
+                             "continued; docs/architecture.md)")
+    return data, dropped
+
+
 class SentinelConfig(Section):
     seed: int = Field(0, description="seeds the policy init, sampling, the curriculum and faults")
     rounds: int = Field(4, ge=0, description="GRPO rounds after the round-0 cold start")
@@ -371,8 +400,6 @@ class SentinelConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig,
                                    description="the GRPO trainer backend")
     batch: BatchConfig = Field(default_factory=BatchConfig, description="the shape of a batch")
-    repair: RepairConfig = Field(default_factory=RepairConfig, description="supervised repair "
-                                 "on the references of failed training tasks after each round")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="the held-out set")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig,
                                          description="what each batch trains on")
@@ -384,6 +411,18 @@ class SentinelConfig(Section):
         default_factory=lambda: [MutateConfig()],
         description="generator entries: {type: name | module:Class, ...its options}",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_keys(cls, data: Any) -> Any:
+        """Removed knobs (`REMOVED`) at their off values, as every run stored before their
+        removal holds them, are dropped with one warning; at any other value, an error."""
+        data, dropped = drop_removed(data)
+        if dropped:
+            warnings.warn(f"config keys removed from Sentinel, dropped at their off values: "
+                          f"{', '.join(dropped)} (docs/architecture.md, 'Admitting knobs by "
+                          "result')", FutureWarning, stacklevel=2)
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -429,10 +468,6 @@ class SentinelConfig(Section):
                 f"curriculum.reference_guidance {self.curriculum.reference_guidance!r} needs "
                 f"trainer.backend 'sentinel' (the {self.trainer.backend} backend builds its own "
                 "batches)")
-        if self.repair.epochs > 0 and self.trainer.backend != "sentinel":
-            raise ValueError(
-                f"repair.epochs > 0 needs trainer.backend 'sentinel' (the {self.trainer.backend} "
-                "backend owns the model's updates)")
         if self.sft.recovery_types is not None and (
                 bad := sorted(set(self.sft.recovery_types) - set(FAULT_TYPES))):
             raise ValueError(f"sft.recovery_types: unknown fault type(s) {bad}; known: "

@@ -161,9 +161,6 @@ class Loop:
             for r in range(first, cfg.rounds + 1):
                 record = RoundRecord(round=r)
                 self._train(record, rollouts, trainer, logger)
-                if cfg.repair.epochs:
-                    with record.timed("repair"):
-                        self._repair(record, rollouts, model, tokenizer)
                 self._evaluate(record, rollouts)
                 self._analyze(record)
                 self.curriculum.add_mined(self._generate(record, rollouts, (model, tokenizer)))
@@ -304,73 +301,6 @@ class Loop:
         model.eval()
         record.metrics.update({f"sft/{k}": float(v) for k, v in metrics.items()})
         record.metrics["sft/examples"] = float(len(examples))
-
-    def repair_examples(self, record: RoundRecord,
-                        rollouts: Rollouts) -> tuple[list[tuple[list[int], list[int]]], int, int]:
-        """The round's repair set (`repair`): the verified reference of every training task of
-        the round whose success rate over its rollouts is at most `repair.max_pass_rate` (and
-        that is generated, with `repair.tasks: mined`), in task-id order, then `repair.replay`
-        times as many references of the round's other training tasks, drawn with the round's
-        seed. Returns the set, how many of it are failed tasks', and how many failed tasks'
-        references did not verify (left out)."""
-        from sentinel.guidance import eligible
-        from sentinel.rewards import score
-
-        cfg = self.config.repair
-        outcomes: dict[str, list[bool]] = {}
-        for t in record.trajectories:
-            if t.split == "train":
-                outcomes.setdefault(t.task_id, []).append(bool(t.success))
-
-        def reference(task: Task) -> tuple[list[int], list[int]] | None:
-            family = self.families[task.family]
-            ref = family.reference_trajectory(task, rollouts.chat, rollouts.parser,
-                                              self.config.env)
-            ok = score(task, ref, family, self.config.reward)[2]
-            return (ref.token_ids, ref.loss_mask) if ok else None
-
-        failed, others, unverified = [], [], 0
-        for task_id in sorted(outcomes):
-            ok = outcomes[task_id]
-            task = record.tasks.get(task_id) or self.curriculum.tasks.get(task_id)
-            if task is None:
-                continue
-            if sum(ok) / len(ok) > cfg.max_pass_rate:
-                others.append(task)
-            elif eligible(task, cfg.tasks):
-                if (example := reference(task)) is None:
-                    unverified += 1
-                else:
-                    failed.append(example)
-        rng = random.Random(self.config.seed * 1000003 + record.round)
-        replayed = rng.sample(others, min(len(others), round(cfg.replay * len(failed))))
-        examples = failed + [e for e in map(reference, replayed) if e is not None]
-        return examples, len(failed), unverified
-
-    def _repair(self, record: RoundRecord, rollouts: Rollouts, model: Any,
-                tokenizer: Any) -> None:
-        """Supervised repair after the round's GRPO steps (`repair`, ReLIFT): `repair.epochs`
-        passes of the SFT loss over `repair_examples`, with a fresh AdamW at `repair.lr`,
-        seeded by the round (so a resumed run repeats it)."""
-        from trainers.sft import SFTConfig, SFTTrainer
-
-        cfg = self.config.repair
-        examples, failed, unverified = self.repair_examples(record, rollouts)
-        record.metrics.update({"repair/examples": float(len(examples)),
-                               "repair/failed": float(failed),
-                               "repair/unverified": float(unverified)})
-        if not failed:
-            return
-        batch_size = min(cfg.batch_size, len(examples))
-        steps = cfg.epochs * -(-len(examples) // batch_size)
-        sft = SFTConfig(steps=steps, batch_size=batch_size, lr=cfg.lr, warmup_steps=0,
-                        min_lr_ratio=1.0, seed=self.config.seed + record.round)
-        trainer = SFTTrainer(model, sft, pad_token_id=tokenizer.pad_token_id)
-        with phase(self.console, f"round {record.round} repair", steps) as update:
-            metrics = trainer.train(examples, on_step=lambda s, m: update(s))
-        model.eval()
-        record.metrics.update({f"repair/{k}": float(v) for k, v in metrics.items()
-                               if k in ("loss", "steps", "seconds")})
 
     def _recovery_example(self, task: Task, share: float, rng: random.Random,
                           weights: dict[str, float] | None = None) -> Task:

@@ -90,8 +90,8 @@ BAD_CONFIGS: dict[str, tuple[list[str], str, str]] = {
     "zero turns": (["env.max_turns=0"], "env.max_turns", ">= 1"),
     "trl with a native-only option": (["trainer.backend=trl", "grpo.kl_guard=0.05"],
                                       "trainer.backend", "cannot do grpo.kl_guard=0.05"),
-    "repair with the trl backend": (["repair.epochs=1", "trainer.backend=trl"], "repair.epochs",
-                                    "needs trainer.backend 'sentinel'"),
+    "a removed knob turned on": (["repair.epochs=1"], "repair.epochs",
+                                 "was removed, measured as no gain: supervised repair"),
 }
 
 

@@ -19,6 +19,7 @@ from sentinel.bench import (
     arm_config,
     bootstrap_ci,
     config_diff,
+    kept_config,
     load_bench_config,
     markdown_table,
     ratio_line,
@@ -95,6 +96,16 @@ def test_config_diff_names_the_keys_that_differ():
     assert config_diff(fam, {"families": [{"type": "arith", "fault_share": 0.2},
                                           {"type": "lookup"}]}) == ["families.0.fault_share"]
     assert config_diff(fam, {"families": [{"type": "arith", "fault_share": 0.1}]}) == ["families"]
+
+
+def test_a_run_kept_from_before_a_knob_was_removed_is_reused_only_if_it_was_off(tmp_path):
+    """A kept run's `bench-config.yaml` written before a knob was removed holds it; at its off
+    value it is the run the bench would make now, turned on it differs (and names the key)."""
+    new = load_bench_config(None).run_config()
+    path = tmp_path / "bench-config.yaml"
+    for repair, diff in (({"epochs": 0, "lr": 1e-4}, []), ({"epochs": 4}, ["repair"])):
+        path.write_text(yaml.safe_dump({**new, "repair": repair}))
+        assert config_diff(kept_config(path), new) == diff
 
 
 def test_figures():

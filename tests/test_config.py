@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,12 @@ import pytest
 from pydantic import BaseModel
 
 from sentinel.config import (
+    ANY,
+    REMOVED,
     ConfigError,
     SentinelConfig,
     apply_override,
+    drop_removed,
     load_config,
     parse_override,
 )
@@ -223,6 +227,42 @@ def test_old_keys_are_read_with_a_warning_naming_the_new_one() -> None:
         "arith", 2.0, 50)
     assert (cfg.generation.max_candidates, cfg.generation.max_probed) == (5, 6)
     assert cfg.grpo.lr == 1e-4 and cfg.grpo_trainer_config().temperature == 0.9
+
+
+def test_a_config_stored_before_knobs_were_removed_still_loads() -> None:
+    """`runs.config` of a run made before the removals (docs/architecture.md, "Admitting knobs by
+    result"; the demo's, every default filled in) holds each removed key at its off value: it
+    loads (`sentinel loop --resume`), the removed keys dropped with one warning naming them,
+    everything else exactly as stored."""
+    stored = json.loads((ROOT / "tests" / "data" / "config_stored_before_removals.json")
+                        .read_text())
+    with pytest.warns(FutureWarning, match="removed from Sentinel") as record:
+        cfg = load_config(data=stored)
+    assert len(record) == 1
+    kept, dropped = drop_removed(stored)
+    assert set(dropped) == set(REMOVED) | {"repair"}, "the fixture holds every removed key"
+    assert all(key in str(record[0].message) for key in dropped)
+    assert cfg.model_dump(mode="json") == kept
+
+
+@pytest.mark.parametrize("key", sorted(k for k, (off, _) in REMOVED.items() if off is not ANY))
+def test_a_removed_knob_turned_on_is_an_error_naming_it_and_its_result(key: str) -> None:
+    """Set to anything but the value that left it off, a removed key is refused, in a new config
+    as in a stored one: the behaviour it asks for is gone."""
+    off, result = REMOVED[key]
+    on = "on" if off is None else 1
+    for data, overrides in (({}, [f"{key}={json.dumps(on)}"]),
+                            (drop_removed(SentinelConfig().model_dump(mode="json"))[0], [])):
+        if not overrides:
+            *parents, last = key.split(".")
+            node = data
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[last] = on
+        with pytest.raises(ConfigError) as info:
+            load_config(data=data, overrides=overrides)
+        message = str(info.value)
+        assert key in message and result in message and "docs/results.md" in message, message
 
 
 def _undescribed(model: type[BaseModel], path: str, seen: set[type]) -> list[str]:
