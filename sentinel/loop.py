@@ -36,7 +36,6 @@ from sentinel.config import SentinelConfig
 from sentinel.curriculum import Curriculum
 from sentinel.env.chat import ChatFormat
 from sentinel.env.parser import parser_class
-from sentinel.guidance import guide
 from sentinel.loggers import make_logger, trl_names
 from sentinel.progress import phase
 from sentinel.record import RoundRecord, average
@@ -335,13 +334,6 @@ class Loop:
                     split="train", round=r, group_prefix=f"r{r}s{step}")
             batch = self.curriculum.observe(trajs)
             metrics = self.curriculum.metrics()
-            if self.config.curriculum.reference_guidance != "off":
-                batch, guided = guide(
-                    trajs, batch, {t.task_id: t for t in tasks}, self.families, chat=rollouts.chat,
-                    parser=rollouts.parser, env=self.config.env, reward=self.config.reward,
-                    model=trainer.model, temperature=self.config.rollout.temperature,
-                    mode=self.config.curriculum.reference_guidance)
-                metrics["curriculum/guided_groups"] = float(guided)
             fault_point("train", r)
             with record.timed("train"):
                 metrics.update(trainer.update(batch))

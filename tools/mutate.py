@@ -322,22 +322,6 @@ MUTATIONS: list[Mutation] = [
              'key += f"\\x00hint\\x00{hint}"', "pass", ("tests/test_hint.py",)),
     # Killed only where transformers < 5.25 (`cache=` swallowed): `.venv-lower/bin/python
     # tools/mutate.py --only common-cache`; in .venv (5.25) it is an equivalent mutant.
-    # -- reference guidance (curriculum.reference_guidance, LUFFY): which groups, what is kept,
-    # the reference's old log-probs, the loop training on the guided batch.
-    Mutation("guidance-mined-is-all", "sentinel/guidance.py",
-             'return mode == "all" or (mode == "mined" and task.origin == "generated")',
-             'return mode != "off"', ("tests/test_guidance.py",)),
-    Mutation("guidance-solved-groups-guided", "sentinel/guidance.py",
-             "if task is None or any(t.success for t in group) or not eligible(task, mode):",
-             "if task is None or not eligible(task, mode):", ("tests/test_guidance.py",)),
-    Mutation("guidance-old-logprobs-zero", "sentinel/guidance.py",
-             "logprobs=policy_logprobs(model, ref.token_ids, ref.loss_mask, temperature))",
-             "logprobs=[0.0] * len(ref.token_ids))", ("tests/test_guidance.py",)),
-    Mutation("guidance-dropped-groups-lost", "sentinel/guidance.py",
-             "batch += [t for g, group in guided.items() if g not in in_batch for t in group]",
-             "pass", ("tests/test_guidance.py",)),
-    Mutation("loop-guided-batch-unused", "sentinel/loop.py",
-             "batch, guided = guide(", "_, guided = guide(", ("tests/test_guidance.py",)),
     # -- removed knobs (issue #41): dropped at their off values, refused at any other.
     Mutation("config-removed-key-on-dropped", "sentinel/config.py",
              "if off is ANY or node[last] == off:", "if True:",
