@@ -29,32 +29,11 @@ With `balance_skills` (a skill namespace such as `recover`), the mined share is 
 evenly over the strata of the mined pool, a stratum being a task's first skill in it (`recover:T`;
 tasks without one form a stratum of their own), and `weighting` chooses within each stratum: in
 the recovery bench, learnability alone gave 61 % of the mined rollouts to one fault type while the
-remedies of the others were forgotten. `balance_by` says how the slots are dealt: `even` (above), or
-`learnability`, in proportion to each stratum's p(1-p) + `learnability_floor` (Sainte-Lague, one
-slot at a time to the stratum with the largest weight / (2 slots + 1); equal weights deal evenly),
-p being the stratum's pass rate on full tasks (no revealed prefix: `restart` tasks start past the
-hard part) over *every* rollout `observe` has seen of a task in that stratum, base draws and
-successes included, under the Beta prior, each step's counts discounted by `balance_decay` per
-later step. So the fault types get slots by how learnable they are for the policy now (SFL over
-fault types), not by how many failures they left in the mined pool: in the seventh recovery run
-a pool that holds only failures gave 78 % of the mined rollouts to the three weakest types while
-the unrehearsed ones decayed. Every draw comes from the curriculum's own rng, which the
-state holds, so a resumed run draws as an uninterrupted one. Simplifications: a task's own
-outcomes are not shrunk towards its cluster's, and a task's outcomes do not decay with age (the
-strata's pass rates do, by `balance_decay`). `progress` deals the slots by each stratum's absolute
-learning progress (TSCL; the bidirectional learning progress of Kanitscheider et al. 2021): |p_fast
-- p_slow| + floor, p_slow the pass rate above (discount `balance_decay`) and p_fast the same
-counts discounted by `balance_fast_decay`, shrunk towards p_slow by 2 * `learnability_prior`
-pseudo-counts (little recent evidence shows no progress). A type the policy is learning now gets
-slots, and so does one it is forgetting (its rate falls), which a pool that holds only failures,
-or p(1-p), does not see; a type whose rate holds gets the floor. A stratum never observed takes
-0.25, tried first as under `learnability`.
-
-`max_draws` caps how often one mined task is drawn (null: no cap, PLR-style replay until
-mastered): a mined task drawn that many times leaves the mined pool, and slots the pool cannot
-fill go to base draws. In the tail recovery bench 50 to 70 % of the mined training groups were
-tasks trained on for the second to twentieth time, while the exposure control trains on a fresh
-instance nine times in ten.
+remedies of the others were forgotten. The slots are dealt one at a time, round robin over the
+strata in sorted order, a stratum with no task left passing its slots on. Every draw comes from
+the curriculum's own rng, which the state holds, so a resumed run draws as an uninterrupted one.
+Simplifications: a task's own outcomes are not shrunk towards its cluster's, and they do not decay
+with age.
 
 `observe(trajectories) -> kept` takes a step's scored rollouts whole: it updates each task's pass
 rate (mastery, replay) and passes the groups through the admission gate, returning the
@@ -80,7 +59,6 @@ from typing import Any
 from sentinel.types import Task, Trajectory
 
 WEIGHTINGS = ("newest", "learnability")  # `curriculum.weighting`, see the module docstring
-BALANCE_BY = ("even", "learnability", "progress")  # `curriculum.balance_by`, module docstring
 
 
 @dataclass
@@ -99,9 +77,7 @@ class Curriculum:
                  seed: int, excluded_ids: set[str] | None = None,
                  gate: ZeroVarianceGate | None = None, weighting: str = "newest",
                  learnability_prior: float = 1.0, learnability_floor: float = 0.01,
-                 balance_skills: str | None = None, balance_by: str = "even",
-                 balance_decay: float = 0.9, balance_fast_decay: float = 0.7,
-                 max_draws: int | None = None) -> None:
+                 balance_skills: str | None = None) -> None:
         if balance_skills is not None and not balance_skills:
             raise ValueError("curriculum.balance_skills must be a skill namespace (such as "
                              "'recover', for the skills 'recover:*') or null")
@@ -114,30 +90,8 @@ class Curriculum:
         if not learnability_floor > 0:
             raise ValueError("curriculum.learnability_floor must be > 0 (so no task starves), "
                              f"got {learnability_floor!r}")
-        if balance_by not in BALANCE_BY:
-            raise ValueError(f"curriculum.balance_by must be one of {', '.join(BALANCE_BY)}, "
-                             f"got {balance_by!r}")
-        if not 0 < balance_decay <= 1:
-            raise ValueError("curriculum.balance_decay must be in (0, 1] (the weight a step's "
-                             f"outcomes keep per later step), got {balance_decay!r}")
-        if not 0 < balance_fast_decay <= 1:
-            raise ValueError("curriculum.balance_fast_decay must be in (0, 1], got "
-                             f"{balance_fast_decay!r}")
-        if balance_by == "progress" and not balance_fast_decay < balance_decay:
-            raise ValueError("balance_by 'progress' compares a fast and a slow pass rate: "
-                             "curriculum.balance_fast_decay must be below balance_decay, got "
-                             f"{balance_fast_decay!r} >= {balance_decay!r}")
-        if max_draws is not None and max_draws < 1:
-            raise ValueError(f"curriculum.max_draws must be >= 1 or null, got {max_draws!r}")
-        self.max_draws = max_draws
-        self.draws: dict[str, int] = {}  # times each mined task was drawn
         self.weighting = weighting
         self.balance_skills = balance_skills
-        self.balance_by, self.balance_decay = balance_by, balance_decay
-        # discounted [successes, attempts] on full tasks per `balance_skills` stratum
-        self.stratum_stats: dict[str, list[float]] = {}
-        self.balance_fast_decay = balance_fast_decay
-        self.stratum_fast: dict[str, list[float]] = {}  # the same at balance_fast_decay
         self.prior, self.floor = learnability_prior, learnability_floor
         self.base_sampler = base_sampler
         self.mined_fraction, self.replay_fraction = mined_fraction, replay_fraction
@@ -166,9 +120,7 @@ class Curriculum:
                                          on=config.zero_variance_on),
                    weighting=config.weighting, learnability_prior=config.learnability_prior,
                    learnability_floor=config.learnability_floor,
-                   balance_skills=config.balance_skills, balance_by=config.balance_by,
-                   balance_decay=config.balance_decay,
-                   balance_fast_decay=config.balance_fast_decay, max_draws=config.max_draws)
+                   balance_skills=config.balance_skills)
 
     def add_mined(self, tasks: list[Task]) -> None:
         for task in tasks:
@@ -185,14 +137,9 @@ class Curriculum:
         """Tasks the policy has mastered (see `mastered`), in the order they were first seen."""
         return [self.tasks[t] for t in self.stats if t in self.tasks and self.mastered(t)]
 
-    def _drawable(self, task_id: str) -> bool:
-        """In the mined pool: not mastered, and drawn fewer than `max_draws` times."""
-        return not self.mastered(task_id) and (self.max_draws is None
-                                               or self.draws.get(task_id, 0) < self.max_draws)
-
     def _fresh_mined(self) -> list[str]:
-        """Drawable generated tasks, newest first, untried before tried."""
-        pool = [t for t in reversed(self.mined) if self._drawable(t)]
+        """Unmastered generated tasks, newest first, untried before tried."""
+        pool = [t for t in reversed(self.mined) if not self.mastered(t)]
         return sorted(pool, key=lambda t: self.stats.get(t, TaskStats()).attempts > 0)
 
     def _replayable(self, exclude: set[str]) -> list[str]:
@@ -269,41 +216,14 @@ class Curriculum:
         prefix = f"{self.balance_skills}:"
         return next((s for s in task.skills if s.startswith(prefix)), "")
 
-    def stratum_learnability(self) -> dict[str, float]:
-        """{stratum: p(1-p)} over the strata with observed full-task outcomes (`balance_by:
-        learnability`), p the discounted pass rate under the Beta prior."""
-        return {name: p * (1 - p) for name, (done, tried) in sorted(self.stratum_stats.items())
-                for p in [(done + self.prior) / (tried + 2 * self.prior)]}
-
-    def _rate(self, counts: list[float]) -> float:
-        return (counts[0] + self.prior) / (counts[1] + 2 * self.prior)
-
-    def stratum_progress(self) -> dict[str, float]:
-        """{stratum: |p_fast - p_slow|} over the strata with observed full-task outcomes
-        (`balance_by: progress`), p_fast shrunk towards p_slow by 2 * prior pseudo-counts."""
-        out = {}
-        for name, slow in sorted(self.stratum_stats.items()):
-            p_slow = self._rate(slow)
-            done, tried = self.stratum_fast.get(name, [0.0, 0.0])
-            p_fast = (done + 2 * self.prior * p_slow) / (tried + 2 * self.prior)
-            out[name] = abs(p_fast - p_slow)
-        return out
-
     def _slots(self, strata: dict[str, list[str]], k: int) -> dict[str, int]:
         """How many of `k` slots each stratum gets, capped by its size (a full stratum passes
-        its slots on): dealt one at a time to the stratum with the largest weight / (2 slots +
-        1) (Sainte-Lague), ties to the first in sorted order. `even`: every weight 1 (round
-        robin); `learnability`: p(1-p) + floor (`stratum_learnability`; a stratum never
-        observed takes the prior's p = 0.5); `progress`: |p_fast - p_slow| + floor
-        (`stratum_progress`; never observed: 0.25)."""
-        learn = {"learnability": self.stratum_learnability,
-                 "progress": self.stratum_progress}.get(self.balance_by, dict)()
-        weight = {name: (learn.get(name, 0.25) + self.floor
-                         if self.balance_by != "even" else 1.0) for name in strata}
+        its slots on): dealt one at a time to the open stratum with the fewest slots so far,
+        ties to the first in sorted order (round robin)."""
         slots = dict.fromkeys(sorted(strata), 0)
         for _ in range(min(k, sum(len(pool) for pool in strata.values()))):
             open_ = [name for name in slots if slots[name] < len(strata[name])]
-            best = max(open_, key=lambda name: weight[name] / (2 * slots[name] + 1))
+            best = min(open_, key=lambda name: slots[name])
             slots[best] += 1
         return slots
 
@@ -311,8 +231,8 @@ class Curriculum:
                   choose: Callable[[list[str], int], list[str]]) -> list[str]:
         """`k` of `pool` (in pool order), picked by `choose(subpool, k)`. Without
         `balance_skills`, one call on the whole pool. With it, the slots are dealt out over the
-        strata present (`_slots`: evenly, or by stratum learnability), no stratum taking more
-        than it holds, and `choose` picks within each stratum."""
+        strata present (`_slots`, evenly), no stratum taking more than it holds, and `choose`
+        picks within each stratum."""
         if self.balance_skills is None or k <= 0:
             return choose(pool, k)
         strata: dict[str, list[str]] = defaultdict(list)
@@ -330,7 +250,7 @@ class Curriculum:
         if self.weighting == "learnability":
             self._last_learnability = {"chosen": {}, "pool": {}}
             clusters = self._cluster_outcomes()
-            chosen = self._balanced([t for t in self.mined if self._drawable(t)],
+            chosen = self._balanced([t for t in self.mined if not self.mastered(t)],
                                     n_mined_slots, lambda pool, k: self._draw(pool, k, clusters))
             n_mined = len(chosen)
             chosen += self._draw(self._replayable(set(chosen)), n_replay_slots, clusters)
@@ -341,8 +261,6 @@ class Curriculum:
             replay = self._replayable(set(chosen))
             self.rng.shuffle(replay)
             chosen += replay[:n_replay_slots]
-        for t in chosen[:n_mined]:
-            self.draws[t] = self.draws.get(t, 0) + 1
         n_replay = len(chosen) - n_mined
         seen = set(chosen)
         for _ in range(50 * n):
@@ -368,28 +286,8 @@ class Curriculum:
             by_task[t.task_id].append(t.success)
         for task_id, outcomes in by_task.items():
             self.record(task_id, sum(outcomes), len(outcomes))
-        if self.balance_skills is not None and self.balance_by != "even":
-            self._observe_strata(by_task)
         keep = self.gate(trajectories)
         return [t for t in trajectories if t.group_id in keep]
-
-    def _observe_strata(self, by_task: dict[str, list[bool]]) -> None:
-        """Discount every stratum's counts by `balance_decay` (and the fast ones by
-        `balance_fast_decay`), then add this step's outcomes of full tasks (no revealed prefix)
-        by stratum."""
-        for table, decay in ((self.stratum_stats, self.balance_decay),
-                             (self.stratum_fast, self.balance_fast_decay)):
-            for counts in table.values():
-                counts[0] *= decay
-                counts[1] *= decay
-        for task_id, outcomes in by_task.items():
-            task = self.tasks.get(task_id)
-            if task is None or task.prefix:
-                continue
-            for table in (self.stratum_stats, self.stratum_fast):
-                counts = table.setdefault(self._stratum_of(task), [0.0, 0.0])
-                counts[0] += sum(outcomes)
-                counts[1] += len(outcomes)
 
     def record(self, task_id: str, successes: int, attempts: int) -> None:
         """Add `successes` out of `attempts` to a task's pass-rate statistics."""
@@ -425,9 +323,6 @@ class Curriculum:
                       if t in self.tasks},
             "stats": {t: [s.attempts, s.successes] for t, s in self.stats.items()},
             "zero_variance_dropped": self.gate.dropped,
-            "stratum_stats": {name: list(c) for name, c in self.stratum_stats.items()},
-            "stratum_fast": {name: list(c) for name, c in self.stratum_fast.items()},
-            "draws": dict(self.draws),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -437,11 +332,6 @@ class Curriculum:
         self.tasks.update({t: Task.from_row(row) for t, row in state["tasks"].items()})
         self.stats = {t: TaskStats(a, s) for t, (a, s) in state["stats"].items()}
         self.gate.dropped = int(state.get("zero_variance_dropped", 0))
-        self.stratum_stats = {name: [float(c[0]), float(c[1])]
-                              for name, c in state.get("stratum_stats", {}).items()}
-        self.draws = {t: int(n) for t, n in state.get("draws", {}).items()}
-        self.stratum_fast = {name: [float(c[0]), float(c[1])]
-                             for name, c in state.get("stratum_fast", {}).items()}
 
 
 class ZeroVarianceGate:
