@@ -310,7 +310,8 @@ class GenerationConfig(Section):
 
 # -- removed keys ---------------------------------------------------------------------------------
 # A knob stays in the core only with a measured positive entry in docs/results.md
-# (docs/architecture.md, "Admitting knobs by result"). Each removed key: the value that left its
+# (docs/architecture.md, "Admitting knobs by result"); measured no-gain options, and options never
+# measured that no config used, are removed. Each removed key: the value that left its
 # behaviour off (`ANY`: the key was read only when another removed key, checked before it,
 # turned the behaviour on) and the result it was removed on. A section emptied by the drop
 # (`repair`) goes with it.
@@ -338,6 +339,14 @@ REMOVED: dict[str, tuple[Any, str]] = {
         None, "a cap on how often one mined task is drawn: max_draws 1 - shipped failure arm "
         "+0.007 [-0.041, +0.041], 5 paired seeds of the tail recovery bench (docs/results.md, "
         "the ninth run)"),
+    "grpo.optimizer": (
+        "adamw", "grpo.optimizer radam (RAdam): never measured in docs/results.md and used by no "
+        "config; AdamW is the one optimizer"),
+    "grpo.cov_penalty": (
+        "none", "grpo.cov_penalty clip_cov / kl_cov (covariance-targeted updates): never "
+        "measured in docs/results.md and used by no config"),
+    **{f"grpo.{k}": (ANY, "read only by grpo.cov_penalty")
+       for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef")},
 }
 REMOVED_SECTIONS = ("repair",)
 
@@ -365,9 +374,9 @@ def drop_removed(data: Any, strict: bool = True) -> tuple[Any, list[str]]:
             del node[last]
             dropped.append(key)
         elif strict and result:
-            raise ValueError(f"config key {key!r} ({node[last]!r}) was removed, measured as no "
-                             f"gain: {result}; remove it (a run that used it cannot be "
-                             "continued; docs/architecture.md)")
+            raise ValueError(f"config key {key!r} ({node[last]!r}) was removed (a knob stays "
+                             f"only with a measured gain): {result}; remove it (a run that used "
+                             "it cannot be continued; docs/architecture.md)")
     return data, dropped
 
 

@@ -91,7 +91,7 @@ BAD_CONFIGS: dict[str, tuple[list[str], str, str]] = {
     "trl with a native-only option": (["trainer.backend=trl", "grpo.kl_guard=0.05"],
                                       "trainer.backend", "cannot do grpo.kl_guard=0.05"),
     "a removed knob turned on": (["repair.epochs=1"], "repair.epochs",
-                                 "was removed, measured as no gain: supervised repair"),
+                                 "with a measured gain): supervised repair"),
 }
 
 

@@ -4,8 +4,9 @@
   multi-turn trajectories (observation tokens masked through `env_mask`, a group dropped by the
   curriculum's zero-variance gate masked entirely), the same hybrid reward
   (trl sums the per-term reward functions with the reward weights), the same advantages, loss
-  and gradient. The optimizer is RAdam, whose first step is `-lr * gradient` (no sign()), so
-  equal parameter deltas mean equal gradients.
+  and gradient. The optimizer is AdamW with an epsilon far above the gradients, whose first step
+  `-lr * g / (|g| + eps)` is then `-lr / eps * g` to 1e-3 (no sign()), so equal parameter deltas
+  mean equal gradients.
 - The loop with trl: rounds commit, trl's metrics reach the store, mined tasks are trained on in
   the next round, `--resume` after a crash reproduces the uninterrupted run.
 - Two processes (`torchrun --nproc_per_node 2`, gloo on CPU): both ranks' rollouts are stored once
@@ -87,7 +88,8 @@ def test_one_trl_update_equals_the_native_update(tiny_model: Any, tokenizer: Any
     for t in trajs[:4]:
         t.reward_terms, t.reward = dict(trajs[0].reward_terms), trajs[0].reward
     admitted = {t.traj_id for t in trajs[4:]}
-    config = GRPOConfig(lr=1e-2, optimizer="radam", temperature=TEMPERATURE,
+    # eps 1e3 above gradients below 1: AdamW's first step is lr / eps * g (1e-2 * g), not a sign.
+    config = GRPOConfig(lr=10.0, adam_epsilon=1e3, temperature=TEMPERATURE,
                         loss_agg="token-mean", micro_batch_size=6, max_grad_norm=1e6)
     native, via_trl = copy.deepcopy(policy), copy.deepcopy(policy)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}

@@ -335,9 +335,7 @@ MUTATIONS: list[Mutation] = [
              ("tests/test_bench.py::test_config_diff_names_the_keys_that_differ",)),
     # -- zero-advantage rows forward only (trainers/grpo.py): taken, exact, and only there.
     Mutation("grpo-inert-never-skipped", "trainers/grpo.py",
-             'return self.skip_inert and self.config.beta == 0 and self.config.cov_penalty == '
-             '"none"',
-             'return False', INERT),
+             "return self.skip_inert and self.config.beta == 0", "return False", INERT),
     Mutation("grpo-inert-every-chunk", "trainers/grpo.py",
              "if skips and not bool(c.adv.any()):", "if skips:", INERT),
     Mutation("grpo-inert-moment-groups-all-skipped", "trainers/grpo.py",

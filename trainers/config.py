@@ -31,9 +31,7 @@ if TYPE_CHECKING:
 Schedule = Literal["constant", "linear", "cosine"]
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "dr_grpo"]
 ScaleRewards = Literal["group", "batch", "none"]
-Optimizer = Literal["adamw", "radam"]
 KLGuardAction = Literal["undo", "halve"]
-CovPenalty = Literal["none", "clip_cov", "kl_cov"]
 RolloutCorrection = Literal["none", "recompute", "tis"]
 
 
@@ -119,10 +117,6 @@ class GRPOUpdateConfig(ExplainedModel):
     adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1 (trl's adam_beta1)")
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2 (trl's adam_beta2)")
     adam_epsilon: float = Field(1e-8, gt=0.0, description="AdamW epsilon (trl's adam_epsilon)")
-    optimizer: Optimizer = Field("adamw", description="adamw, or radam (torch.optim.RAdam with "
-                                 "decoupled weight decay: the variance of the adaptive step is "
-                                 "rectified, the first steps are momentum-SGD steps); same betas, "
-                                 "eps, lr and schedule")
     adam_v_warm_start: bool = Field(False, description="before the first optimizer step, set "
                                     "AdamW's second moment to the mean over the batch's groups of "
                                     "each group's squared gradient estimate, so the first step is "
@@ -135,18 +129,6 @@ class GRPOUpdateConfig(ExplainedModel):
                                            "optimizer state (the step is skipped); halve: retake "
                                            "it once at half the learning rate, undo if that "
                                            "still exceeds kl_guard")
-    cov_penalty: CovPenalty = Field("none", description="covariance-targeted update (Cui et al. "
-                                    "2025, verl's names): clip_cov zeroes the surrogate of a "
-                                    "random share of high-covariance tokens; kl_cov adds "
-                                    "kl_cov_coef * |logp - logp_old| on the top-covariance tokens")
-    clip_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0, description="clip_cov: share of the "
-                                  "trained tokens detached (at least one)")
-    clip_cov_lb: float = Field(1.0, description="clip_cov: only tokens with covariance above this")
-    clip_cov_ub: float = Field(5.0, description="clip_cov: only tokens with covariance below this")
-    kl_cov_ratio: float = Field(2e-4, gt=0.0, le=1.0, description="kl_cov: share of the trained "
-                                "tokens, those of largest covariance, penalised (at least one)")
-    kl_cov_coef: float = Field(0.1, ge=0.0, description="kl_cov: coefficient of |logp - logp_old| "
-                               "(verl's ppo_kl_coef)")
     rollout_correction: RolloutCorrection = Field(
         "none", description="the 'old' log-probs of the ratio: none uses the rollout engine's "
         "sampling log-probs; recompute replaces them by the trainer's (a no-grad forward before "
@@ -162,16 +144,6 @@ class GRPOUpdateConfig(ExplainedModel):
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) must not exceed total_steps "
                 f"({self.total_steps}): the schedule would end before the warm-up does"
-            )
-        if self.clip_cov_lb >= self.clip_cov_ub:
-            raise ValueError(
-                f"clip_cov_lb ({self.clip_cov_lb}) must be below clip_cov_ub ({self.clip_cov_ub}): "
-                "clip_cov picks tokens whose covariance lies between them"
-            )
-        if self.adam_v_warm_start and self.optimizer != "adamw":
-            raise ValueError(
-                f"adam_v_warm_start warms AdamW's second moment; with optimizer "
-                f"{self.optimizer!r} (which rectifies the early steps itself) turn it off"
             )
         if self.adam_v_warm_start and self.adam_beta2 == 0:
             raise ValueError(
@@ -197,8 +169,7 @@ def bf16_autocast_dtype(bf16: bool | str, device: torch.device) -> torch.dtype |
 
 # Native-trainer options with no counterpart in trl's GRPO loss, and their off values
 # (`trainer.backend: trl` refuses the others; trainers.trl_backend).
-NATIVE_ONLY = {"adam_v_warm_start": False, "kl_guard": None, "cov_penalty": "none",
-               "rollout_correction": "none"}
+NATIVE_ONLY = {"adam_v_warm_start": False, "kl_guard": None, "rollout_correction": "none"}
 
 
 def trl_unsupported(grpo: GRPOUpdateConfig) -> list[str]:

@@ -38,18 +38,15 @@ trl's own `GRPOTrainer._compute_loss`):
   backward cost once per group instead of G times.
 
 - Recipe options against the early overshoot of a small policy (all off by default; see
-  `docs/grpo.md`): `optimizer: radam` (rectified Adam); `adam_v_warm_start` (AdamW's second
-  moment set, before the first step, from the batch's per-group gradients); `kl_guard` (a step
-  whose batch KL exceeds the threshold is undone, or retaken once at half the learning rate);
-  `cov_penalty: clip_cov | kl_cov` (Cui et al. 2025, "The Entropy Mechanism of Reinforcement
-  Learning for Reasoning Language Models", as verl's `compute_policy_loss_clip_cov` /
-  `compute_policy_loss_kl_cov` in `verl/trainer/ppo/core_algos.py`).
+  `docs/grpo.md`): `adam_v_warm_start` (AdamW's second moment set, before the first step, from
+  the batch's per-group gradients); `kl_guard` (a step whose batch KL exceeds the threshold is
+  undone, or retaken once at half the learning rate).
 
 Micro-batches are cut from the batch sorted by length, so rows of similar length are padded
 together. Left out: entropy bonus, sequence packing for the update, gradient checkpointing,
 and any generation or reward logic (that belongs to the rollout side).
 Trajectories with zero advantage are kept: they add nothing to the loss but count in the
-normaliser, as in trl. With `beta == 0` and no `cov_penalty` their gradient is exactly zero, so
+normaliser, as in trl. With `beta == 0` their gradient is exactly zero, so
 they are cut into micro-batches of their own that run forward only, without autograd (their
 log-probs still feed `entropy`, `clip_ratio` and `kl_guard`): the gradient, the step and every
 metric are those of the full backward, at a fraction of its cost when most groups carry no
@@ -81,7 +78,6 @@ from trainers.common import (
 )
 from trainers.config import (  # re-exported: the config lives there
     GRPOConfig,
-    GRPOUpdateConfig,
     LossAgg,
     ScaleRewards,
 )
@@ -92,19 +88,11 @@ __all__ = [
     "LossAgg",
     "ScaleRewards",
     "aggregate_loss",
-    "covariance_selection",
     "group_advantages",
     "grpo_token_loss",
 ]
 
 TRUNCATED = frozenset({"max_tokens", "max_turns"})
-
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "adamw": torch.optim.AdamW,
-    # Decoupled decay is AdamW's (p <- p * (1 - lr * weight_decay)), so `weight_decay` means the
-    # same for both.
-    "radam": functools.partial(torch.optim.RAdam, decoupled_weight_decay=True),
-}
 
 
 def _std(xs: Sequence[float]) -> float:
@@ -160,23 +148,16 @@ def grpo_token_loss(
     mask: torch.Tensor,
     cfg: GRPOConfig,
     ref_logp: torch.Tensor | None = None,
-    cov_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-token GRPO loss `[B, T]`, exactly 0 (value and gradient) where `mask` is 0.
 
-    `new_logp`, `old_logp`, `mask` (and `ref_logp`, `cov_mask`) are `[B, T]`; `adv` is `[B]`
+    `new_logp`, `old_logp`, `mask` (and `ref_logp`) are `[B, T]`; `adv` is `[B]`
     (one advantage per sequence) or `[B, T]`. The loss is the negated clipped surrogate
     `-min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)` with `r = exp(new - old)`, plus
     `cfg.beta * k3(ref, new)` when `cfg.beta > 0` (then `ref_logp` is required); with
     `cfg.kl_ratio_correction` the k3 term is multiplied by the (unclipped, differentiable) ratio
     `r`, trl's `use_bias_correction_kl`, which makes its gradient the unbiased reverse-KL gradient
     off-policy.
-
-    `cov_mask` (bool, the tokens `covariance_selection` chose) acts by `cfg.cov_penalty`, as
-    verl's `compute_policy_loss_clip_cov` / `compute_policy_loss_kl_cov`: "clip_cov" zeroes the
-    surrogate of the chosen tokens (value and gradient; the k3 term stays); "kl_cov" uses the
-    unclipped surrogate `-r * A` on every token (KL-Cov replaces the ratio clip, in the paper and
-    in verl) and adds `cfg.kl_cov_coef * |new - old|` on the chosen ones.
     """
     keep = mask.bool()
     if adv.dim() == 1:
@@ -185,15 +166,8 @@ def grpo_token_loss(
     # exact 0 instead of 0 * something that might be inf.
     log_ratio = torch.where(keep, new_logp - old_logp, 0.0)
     ratio = torch.exp(log_ratio)
-    if cfg.cov_penalty == "kl_cov":
-        loss = -ratio * adv
-        if cov_mask is not None:
-            loss = loss + torch.where(cov_mask, cfg.kl_cov_coef * log_ratio.abs(), 0.0)
-    else:
-        clipped = torch.clamp(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
-        loss = -torch.min(ratio * adv, clipped * adv)
-        if cfg.cov_penalty == "clip_cov" and cov_mask is not None:
-            loss = torch.where(cov_mask, 0.0, loss)
+    clipped = torch.clamp(ratio, 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high)
+    loss = -torch.min(ratio * adv, clipped * adv)
     if cfg.beta > 0:
         if ref_logp is None:
             raise ValueError("cfg.beta > 0 needs ref_logp (log-probs under the reference model)")
@@ -201,51 +175,6 @@ def grpo_token_loss(
         k3 = torch.exp(diff) - diff - 1.0
         loss = loss + cfg.beta * (k3 * ratio if cfg.kl_ratio_correction else k3)
     return torch.where(keep, loss, 0.0)
-
-
-def covariance_selection(
-    logp: torch.Tensor, adv: torch.Tensor, cfg: GRPOUpdateConfig
-) -> torch.Tensor:
-    """The tokens Clip-Cov / KL-Cov act on, as a bool tensor shaped like `logp`.
-
-    `logp` and `adv` are 1-D with one entry per trained token of the whole batch: its log-prob
-    and its trajectory's advantage. The centred cross-product `cov_i = (logp_i - mean(logp)) *
-    (adv_i - mean(adv))` (means over these tokens) is each token's term of the covariance that,
-    by Cui et al. (2025), drives the policy's entropy down. With `n` tokens:
-
-    - "clip_cov": `max(1, int(clip_cov_ratio * n))` tokens drawn at random (torch's global
-      generator, so a checkpoint resumes it) among those with `clip_cov_lb < cov < clip_cov_ub`;
-      fewer when fewer qualify.
-    - "kl_cov": the `max(1, int(kl_cov_ratio * n))` tokens of largest `cov`.
-    - "none": no token.
-
-    Follows verl's `compute_policy_loss_clip_cov` / `compute_policy_loss_kl_cov`
-    (`verl/trainer/ppo/core_algos.py`), with one difference the trainer makes: it passes the
-    sampling log-probs stored at rollout time, not the current ones, so the choice is made once
-    per pass over the whole batch before any forward, and does not depend on the micro-batch
-    split. They are the current log-probs on the first pass (up to sampler/trainer mismatch).
-    verl also leaves out of Clip-Cov's draw the tokens the ratio clip already holds; on a first
-    pass there are none, later a drawn token may be one (its gradient is zero either way).
-
-    >>> cfg = GRPOUpdateConfig(cov_penalty="kl_cov", kl_cov_ratio=0.5)
-    >>> covariance_selection(torch.tensor([-1.0, -2.0, -3.0, -0.5]),
-    ...                      torch.tensor([1.0, 1.0, -1.0, -1.0]), cfg).tolist()
-    [True, False, True, False]
-    """
-    chosen = torch.zeros(logp.shape, dtype=torch.bool)
-    n = logp.numel()
-    if n == 0 or cfg.cov_penalty == "none":
-        return chosen
-    cov = (adv - adv.mean()) * (logp - logp.mean())
-    if cfg.cov_penalty == "clip_cov":
-        band = torch.nonzero((cov > cfg.clip_cov_lb) & (cov < cfg.clip_cov_ub)).flatten()
-        if len(band):
-            k = max(1, int(cfg.clip_cov_ratio * n))
-            chosen[band[torch.randperm(len(band))[:k]]] = True
-    else:
-        k = max(1, int(cfg.kl_cov_ratio * n))
-        chosen[torch.topk(cov, k).indices] = True
-    return chosen
 
 
 def aggregate_loss(
@@ -285,7 +214,6 @@ class _Chunk(NamedTuple):
     adv: torch.Tensor  # one advantage per row
     seqs: list[list[int]]
     lead: list[int] | None  # untrained prefix lengths, for the shared-prefix pass
-    cov: torch.Tensor | None  # tokens chosen by `covariance_selection` (bool)
     is_weight: torch.Tensor | None  # rollout_correction tis: per-token IS weight [B, T]
 
 
@@ -321,7 +249,7 @@ class GRPOTrainer:
         self._correction: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor | None]] | None
         self._correction = None
         # Created once so the Adam moments and the schedule carry over from round to round.
-        self.optimizer = OPTIMIZERS[config.optimizer](
+        self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon,
         )
@@ -414,25 +342,6 @@ class GRPOTrainer:
             for s in range(a, b, cfg.micro_batch_size)
         ]
 
-    def select_cov_tokens(
-        self, trajectories: list[Trajectory], advantages: Sequence[float]
-    ) -> list[torch.Tensor]:
-        """`covariance_selection` over the whole batch's trained tokens (with their stored
-        sampling log-probs): one bool tensor per trajectory, aligned with its `token_ids`."""
-        masks = [torch.tensor(m, dtype=torch.bool) for m in self.loss_masks(trajectories)]
-        logp = torch.cat([torch.tensor(t.logprobs, dtype=torch.float32)[m]
-                          for t, m in zip(trajectories, masks, strict=True)])
-        adv = torch.cat([torch.full((int(m.sum()),), float(a))
-                         for a, m in zip(advantages, masks, strict=True)])
-        chosen = iter(covariance_selection(logp, adv, self.config).split(
-            [int(m.sum()) for m in masks]))
-        out = []
-        for m in masks:
-            row = torch.zeros_like(m)
-            row[m] = next(chosen)
-            out.append(row)
-        return out
-
     def _logprobs(self, model: torch.nn.Module, seqs: list[list[int]], lead: list[int] | None,
                   input_ids: torch.Tensor, attention_mask: torch.Tensor, *, entropy: bool) -> Any:
         """Log-probs (and entropies) of a micro-batch in `pad_batch`'s layout: with `lead` (the
@@ -447,8 +356,8 @@ class GRPOTrainer:
 
     def _skips_inert(self) -> bool:
         """Whether zero-advantage rows have an exactly zero gradient here and may skip autograd:
-        no KL term (`beta == 0`) and no covariance penalty acting on them."""
-        return self.skip_inert and self.config.beta == 0 and self.config.cov_penalty == "none"
+        no KL term (`beta == 0`)."""
+        return self.skip_inert and self.config.beta == 0
 
     def _parts(self, trajectories: list[Trajectory],
                advantages: Sequence[float]) -> list[list[int]]:
@@ -466,8 +375,7 @@ class GRPOTrainer:
                 for part in self.micro_batches(len(rows))]
 
     def _chunks(self, trajectories: list[Trajectory], advantages: Sequence[float],
-                masks: list[list[int]], parts: list[list[int]],
-                selection: list[torch.Tensor] | None) -> Iterator[_Chunk]:
+                masks: list[list[int]], parts: list[list[int]]) -> Iterator[_Chunk]:
         """The micro-batches `parts`, padded and moved to the model's device."""
         cfg = self.config
         device = model_device(self.model)
@@ -477,12 +385,6 @@ class GRPOTrainer:
             batch = pad_batch(seqs, self.pad_token_id, masks=[masks[i] for i in idx],
                               logprobs=[t.logprobs for t in chunk])
             attention_mask = batch["attention_mask"].to(device)
-            cov = None
-            if selection is not None:
-                cov = torch.zeros(attention_mask.shape, dtype=torch.bool)
-                for row, i in enumerate(idx):
-                    cov[row, : len(selection[i])] = selection[i]
-                cov = cov.to(device)
             old = batch["old_logprobs"].to(device)
             is_weight = None
             if self._correction is not None:
@@ -498,7 +400,6 @@ class GRPOTrainer:
                 seqs=seqs,
                 lead=(prefix_lengths(seqs, [masks[i] for i in idx])
                       if cfg.share_prefix and min(len(s) for s in seqs) >= 2 else None),
-                cov=cov,
                 is_weight=is_weight,
             )
 
@@ -507,40 +408,33 @@ class GRPOTrainer:
         trajectories: list[Trajectory],
         advantages: Sequence[float],
         ref_cache: dict[int, torch.Tensor] | None = None,
-        selection: list[torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """One pass: zero the grads, then backprop the full-batch loss micro-batch by micro-batch.
 
         Leaves the summed gradients in `param.grad` (no clipping, no optimizer step) and returns
         this pass's `loss`, `clip_ratio`, `entropy`, `kl`, `n_tokens` (trained tokens) and
-        `n_inert` (zero-advantage rows run forward only, see the module docstring), and
-        with a `cov_penalty` `cov/share` (the share of trained tokens it acted on).
+        `n_inert` (zero-advantage rows run forward only, see the module docstring).
         Does not change the model's train/eval mode. `ref_cache` (with `beta > 0`): the frozen
         reference model's log-probs per micro-batch, filled on the first pass over a batch and
         read on the later ones (`step` passes one dict to its `num_iterations` passes, as trl
         computes them once per generation batch); the reference never changes, so reusing them
-        is exact. `selection`: the covariance rule's tokens (`self.select_cov_tokens`); drawn
-        here when a `cov_penalty` is set and it is None.
+        is exact.
         """
-        return self._accumulate(trajectories, advantages, ref_cache, selection)[0]
+        return self._accumulate(trajectories, advantages, ref_cache)[0]
 
     def _accumulate(
         self,
         trajectories: list[Trajectory],
         advantages: Sequence[float],
         ref_cache: dict[int, torch.Tensor] | None,
-        selection: list[torch.Tensor] | None,
     ) -> tuple[dict[str, float], list[torch.Tensor]]:
         """`accumulate_gradients`, plus the pass's log-probs per micro-batch (detached)."""
         self._check(trajectories, advantages)
-        if selection is None and self.config.cov_penalty != "none":
-            selection = self.select_cov_tokens(trajectories, advantages)
         masks = self.loss_masks(trajectories)
         n_tokens = sum(sum(m) for m in masks)
         self.optimizer.zero_grad(set_to_none=True)
         parts = self._parts(trajectories, advantages)
-        sums, logps = self._backward(trajectories, advantages, masks, parts, n_tokens, selection,
-                                     ref_cache)
+        sums, logps = self._backward(trajectories, advantages, masks, parts, n_tokens, ref_cache)
         denom = max(n_tokens, 1)
         stats = {
             "loss": sums["loss"],
@@ -550,8 +444,6 @@ class GRPOTrainer:
             "n_tokens": float(n_tokens),
             "n_inert": sums["inert"],
         }
-        if selection is not None:
-            stats["cov/share"] = sums["cov"] / denom
         return stats, logps
 
     def _backward(
@@ -561,20 +453,19 @@ class GRPOTrainer:
         masks: list[list[int]],
         parts: list[list[int]],
         n_tokens: int,
-        selection: list[torch.Tensor] | None,
         ref_cache: dict[int, torch.Tensor] | None,
     ) -> tuple[dict[str, float], list[torch.Tensor]]:
         """Backprop each micro-batch of `parts` with the whole batch's normalisers (`n_tokens`
         trained tokens, `len(trajectories)` sequences), adding into `param.grad`. Returns the
-        sums of loss, clipped and chosen token counts, entropy and k3 to the reference, and each
+        sums of loss, clipped token counts, entropy and k3 to the reference, and each
         micro-batch's log-probs (detached)."""
         cfg = self.config
-        sums = dict.fromkeys(("loss", "clipped", "entropy", "kl", "cov", "inert"), 0.0)
+        sums = dict.fromkeys(("loss", "clipped", "entropy", "kl", "inert"), 0.0)
         logps = []
         skips = self._skips_inert()
-        for key, c in enumerate(self._chunks(trajectories, advantages, masks, parts, selection)):
+        for key, c in enumerate(self._chunks(trajectories, advantages, masks, parts)):
             if skips and not bool(c.adv.any()):
-                # Zero advantage, no KL, no covariance term: the loss and its gradient are
+                # Zero advantage, no KL: the loss and its gradient are
                 # exactly zero here; the forward is kept for the metrics and the KL guard.
                 with torch.no_grad():
                     new, ent = self._logprobs(self.model, c.seqs, c.lead, c.input_ids,
@@ -596,34 +487,30 @@ class GRPOTrainer:
                     if ref_cache is not None:
                         ref_cache[key] = ref
             adv = c.adv if c.is_weight is None else c.adv.unsqueeze(1) * c.is_weight
-            per_token = grpo_token_loss(new, c.old, adv, c.mask, cfg, ref, c.cov)
+            per_token = grpo_token_loss(new, c.old, adv, c.mask, cfg, ref)
             loss = aggregate_loss(per_token, c.mask, cfg.loss_agg, n_tokens, len(trajectories),
                                   cfg.max_completion_tokens)
             loss.backward()
             with torch.no_grad():
                 logps.append(new.detach())
                 sums["loss"] += float(loss.item())
-                if cfg.cov_penalty != "kl_cov":  # KL-Cov has no ratio clip
-                    ratio = torch.exp(torch.where(c.mask, new - c.old, 0.0))
-                    a = c.adv.unsqueeze(1)
-                    # The clipped branch is the one min() picks only in these two cases (as trl).
-                    hit = ((ratio < 1 - cfg.epsilon_low) & (a < 0)) | (
-                        (ratio > 1 + cfg.epsilon_high) & (a > 0)
-                    )
-                    sums["clipped"] += float((hit & c.mask).sum().item())
+                ratio = torch.exp(torch.where(c.mask, new - c.old, 0.0))
+                a = c.adv.unsqueeze(1)
+                # The clipped branch is the one min() picks only in these two cases (as trl).
+                hit = ((ratio < 1 - cfg.epsilon_low) & (a < 0)) | (
+                    (ratio > 1 + cfg.epsilon_high) & (a > 0)
+                )
+                sums["clipped"] += float((hit & c.mask).sum().item())
                 sums["entropy"] += float(ent[c.mask].sum().item())
                 if ref is not None:
                     diff = (ref - new)[c.mask]
                     sums["kl"] += float((torch.exp(diff) - diff - 1.0).sum().item())
-                if c.cov is not None:
-                    sums["cov"] += float((c.cov & c.mask).sum().item())
         return sums, logps
 
     def group_second_moment(
         self,
         trajectories: list[Trajectory],
         advantages: Sequence[float],
-        selection: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """The warm start of Adam's second moment (`adam_v_warm_start`), one tensor per parameter.
 
@@ -649,7 +536,7 @@ class GRPOTrainer:
             parts = [members[s:s + cfg.micro_batch_size]
                      for s in range(0, len(members), cfg.micro_batch_size)]
             self.optimizer.zero_grad(set_to_none=True)
-            self._backward(trajectories, advantages, masks, parts, n_tokens, selection, None)
+            self._backward(trajectories, advantages, masks, parts, n_tokens, None)
             for acc, p in zip(second, self.params, strict=True):
                 if p.grad is not None:
                     acc.addcmul_(p.grad, p.grad)
@@ -689,7 +576,7 @@ class GRPOTrainer:
         total = 0.0
         with torch.no_grad():
             parts = self._parts(trajectories, advantages)
-            chunks = self._chunks(trajectories, advantages, masks, parts, None)
+            chunks = self._chunks(trajectories, advantages, masks, parts)
             for c, prev in zip(chunks, before, strict=True):
                 now = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
                                      entropy=False)
@@ -751,7 +638,7 @@ class GRPOTrainer:
         n = 0
         with torch.no_grad():
             parts = self._parts(trajectories, advantages)
-            for c in self._chunks(trajectories, advantages, masks, parts, None):
+            for c in self._chunks(trajectories, advantages, masks, parts):
                 new = self._logprobs(self.model, c.seqs, c.lead, c.input_ids, c.attention_mask,
                                      entropy=False).float()
                 new = torch.where(c.mask, new, 0.0)
@@ -788,7 +675,7 @@ class GRPOTrainer:
         step is followed by a no-grad forward of the batch; `guard/kl` (mean over passes of the
         first attempt's KL), `guard/undone` and `guard/halved` (steps undone or kept at half the
         learning rate) are added. An undone step still advances the LR schedule, which counts
-        passes. With a `cov_penalty`, `cov/share` (mean over passes) is added.
+        passes.
         """
         cfg = self.config
         self._check(trajectories, advantages)
@@ -807,8 +694,6 @@ class GRPOTrainer:
             "n_inert": 0.0,
         }
         totals = {"loss": 0.0, "clip_ratio": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0}
-        if cfg.cov_penalty != "none":
-            totals["cov/share"] = 0.0
         guard = {"guard/kl": 0.0, "guard/undone": 0.0, "guard/halved": 0.0}
         if n_tokens == 0:
             out = {k: v for k, v in totals.items() if k != "kl" or cfg.beta > 0}
@@ -822,12 +707,10 @@ class GRPOTrainer:
             if cfg.rollout_correction != "none":
                 info.update(self._rollout_correction(trajectories, advantages, masks))
             for _ in range(cfg.num_iterations):
-                selection = (self.select_cov_tokens(trajectories, advantages)
-                             if cfg.cov_penalty != "none" else None)
                 second = None
                 if cfg.adam_v_warm_start and not any(self.optimizer.state.values()):
-                    second = self.group_second_moment(trajectories, advantages, selection)
-                stats, before = self._accumulate(trajectories, advantages, ref_cache, selection)
+                    second = self.group_second_moment(trajectories, advantages)
+                stats, before = self._accumulate(trajectories, advantages, ref_cache)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
 
                 def take(lr_scale: float, second: list[torch.Tensor] | None = second,

@@ -24,7 +24,7 @@ processes `torchrun` / `accelerate launch` started). What crosses the seam, per 
   drops (`drop_zero_variance`) get an all-zero `env_mask`: no token of theirs is trained or
   counted in the token normaliser (exactly dropping them for `token-mean`; trl's
   `seq-mean-token-mean` and `dr_grpo` still count them as sequences).
-- **optimizer and schedule**: Sentinel's own (the native trainer's `optimizer`, `lr_scheduler`,
+- **optimizer and schedule**: Sentinel's own (the native trainer's AdamW, `lr_scheduler`,
   `warmup_steps`, ...), handed to trl as `optimizers=(...)`; they live here across rounds and go
   into the round's checkpoint (`state_dict`).
 - **reference** (`beta > 0`): trl builds it from `model.config._name_or_path`, which points at
@@ -34,7 +34,7 @@ A fresh `trl.GRPOTrainer` is built for every round (`max_steps` = the round's op
 over the same model, optimizer and schedule; trl's own checkpointing is off (rounds commit
 through the loop).
 
-GRPO options trl's loss does not have (`adam_v_warm_start`, `kl_guard`, `cov_penalty`,
+GRPO options trl's loss does not have (`adam_v_warm_start`, `kl_guard`,
 `rollout_correction`) are refused at config load (`trl_unsupported`); `share_prefix` and
 `micro_batch_size`'s exact split are the native trainer's business (trl takes the largest
 per-device batch <= `micro_batch_size` that divides a rank's share of the batch).
@@ -116,7 +116,6 @@ class TRLTrainer:
                  output_dir: str | Path, reference_dir: str | Path | None,
                  world_size: int = 1, total_steps: int | None = None) -> None:
         from trainers.common import lr_multiplier
-        from trainers.grpo import OPTIMIZERS
 
         bad = trl_unsupported(config)
         if bad:
@@ -130,7 +129,7 @@ class TRLTrainer:
         if config.beta > 0 and self.reference_dir is None:
             raise ValueError("beta > 0 needs a reference_dir holding the reference policy")
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = OPTIMIZERS[config.optimizer](
+        self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, weight_decay=config.weight_decay,
             betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_epsilon)
         span = config.total_steps if config.total_steps is not None else total_steps
