@@ -37,6 +37,46 @@ per-step overhead included), and one native step runs in between, untimed for tr
 Run: `.venv/bin/python benchmarks/grpo_step.py [--steps 3] [--warmup 1] [--threads 1]`. Its lines
 `speedup: N.NN` (trl's seconds per step / Sentinel's) and `trl-backend/native: N.NN` (the trl
 backend's seconds per step / the native trainer's). Not a test: it prints, asserts nothing.
+
+`--policy smollm2-135m` (or any policy source `load_policy` takes) measures something else: the
+native update of a real 135M model on CPU in float32 against bf16 autocast (`grpo.bf16: true`;
+weights, gradients and AdamW stay float32), in one process, on the same batch, alternating which
+goes first. No trl, no sampling. The recipe is `--config` (default `configs/demo_smol.yaml`, the
+demo this model runs in: its `grpo` section, `rollout.temperature`, families, env and `sft`):
+
+- The batch: `--tasks` tasks (default `batch.tasks_per_step`, 8) drawn from the config's families
+  as the loop draws them, each task's reference trajectory (`TaskFamily.reference_trajectory`:
+  the multi-turn arith tool-use episode replayed through the real environment and rendered with
+  the model's `ChatFormat`, ~300 prompt tokens with the tools block, 40-110 trained tokens),
+  `--samples` times (default `batch.group_size`, 8) per group; old log-probs are the model's own
+  (float32, at the config's temperature), so the first pass is on-policy (up to bf16's rounding).
+  The rows of a group are identical tokens: the cost of a real group of the same lengths, not its
+  variety. Group-centred advantages would cancel exactly on identical rows (a zero gradient, and
+  with `adam_v_warm_start` a zero second moment), so the advantages are given, not computed from
+  rewards: +1.0 and -0.5 alternating, every row nonzero (the full backward, as the demo's
+  `drop_zero_variance` leaves only groups with signal) and a net push towards the reference.
+- GRPO: `GRPOTrainer.step` on that batch, one trainer whose config is switched between
+  `bf16: false` and `bf16: true` before each update (one model, one AdamW; the weights move by
+  `lr` per update, which does not change the cost). The demo's `kl_guard` follows each update
+  with a no-grad forward of the batch; that forward runs here too, but the guard's threshold is
+  raised to 1e9 so that no step is undone or retaken: a retake costs a forward and an optimizer
+  step more, and an undone step empties AdamW, so the next update runs `adam_v_warm_start`'s extra
+  forward and backward again; how often that happens depends on the batch, not on the precision.
+  The KL the guard measured is printed per update.
+- SFT (unless `--no-sft`): one step of the cold start (`trainers.sft.batch_loss`, packed to
+  `sft.max_seq_len`, backward, grad clip, AdamW) on the tasks' distinct reference trajectories
+  (8, the demo's `sft.batch_size`), `sft.bf16` false against true.
+
+It prints a line per update and per SFT step, then the CPU (model name, the flags that matter for
+bf16 matmuls: avx512_bf16, amx_tile, amx_bf16, and torch's CPU capability), `torch threads`,
+seconds per update of each precision and `grpo float32/bf16: N.NN` (likewise `sft ...`).
+Run: `.venv/bin/python benchmarks/grpo_step.py --policy smollm2-135m [--steps 1] [--warmup 0]
+[--threads 1]`: per precision one warm-up update on the batch's first group (first-call costs,
+AdamW's state, the warm start's extra pass), `--warmup` full ones, then `--steps` measured ones
+(SFT alike, its warm-up on one example). The defaults keep it to minutes (an 8 x 8 update is
+~9k forward tokens of a 135M model); `--steps 3` for a steadier figure. Smoke: `--tasks 2
+--samples 2`. The smoke's peak RSS was ~5 GiB (weights, gradients, AdamW); the full batch adds
+its micro-batches' activations (16 rows, 49k-vocab logits).
 """
 
 from __future__ import annotations
@@ -308,11 +348,213 @@ def run_alone(side: str, model_dir: Path) -> None:
     print(int(kib) / 1024)
 
 
+def cpu_summary() -> str:
+    """The CPU's model name and the flags that decide bf16 matmul speed, from /proc/cpuinfo."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"cpu unknown (no /proc/cpuinfo), torch capability {cpu_capability()}"
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+    marks = " ".join(f"{f}={'yes' if f in flags else 'no'}"
+                     for f in ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16"))
+    return f"cpu {name}; {marks}; torch capability {cpu_capability()}"
+
+
+def cpu_capability() -> str:
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except AttributeError:  # older torch
+        return "?"
+
+
+def reference_batch(cfg: Any, tokenizer: Any, n_tasks: int, seed: int) -> list[Any]:
+    """The reference trajectories of `n_tasks` tasks drawn from `cfg.families` (as the loop draws
+    them), rendered with the model's ChatFormat and the config's parser and env."""
+    from sentinel.env.chat import ChatFormat
+    from sentinel.env.parser import parser_class
+    from sentinel.tasks.mixture import TaskMixture
+
+    mixture = TaskMixture.from_entries(cfg.families)
+    chat, parser = ChatFormat(tokenizer), parser_class(cfg.env.parser)()
+    rng = random.Random(seed)
+    refs = []
+    for _ in range(n_tasks):
+        task = mixture.sample(rng)
+        refs.append(mixture.families[task.family].reference_trajectory(task, chat, parser,
+                                                                       cfg.env))
+    return refs
+
+
+def grpo_rows(model: Any, refs: list[Any], samples: int,
+              temperature: float) -> tuple[list[Any], list[float]]:
+    """`samples` copies of each reference as one group, old log-probs the model's own (float32,
+    no grad) on the trained tokens, and their advantages: +1.0, -0.5, +1.0, ... (nonzero, and not
+    summing to zero over a group, whose rows are identical)."""
+    import dataclasses
+
+    from trainers.common import token_logprobs
+
+    rows = []
+    with torch.no_grad():
+        for g, ref in enumerate(refs):
+            ids = torch.tensor([ref.token_ids])
+            lp = token_logprobs(model, ids, torch.ones_like(ids), temperature)[0].tolist()
+            old = [x if m else 0.0 for x, m in zip(lp, ref.loss_mask, strict=True)]
+            rows += [dataclasses.replace(ref, logprobs=list(old), group_id=f"g{g}",
+                                         sample_idx=k, traj_id=f"g{g}-{k}")
+                     for k in range(samples)]
+    return rows, [1.0 if row.sample_idx % 2 == 0 else -0.5 for row in rows]
+
+
+def timed(fn: Callable[..., Any], *fn_args: Any) -> tuple[float, float, Any]:
+    """(wall seconds, process CPU seconds, result) of `fn(*fn_args)`."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn(*fn_args)
+    return time.perf_counter() - t0, time.process_time() - c0, out
+
+
+def summarise(kind: str, rows: dict[str, list[tuple[float, float]]], unit: str) -> None:
+    means = {}
+    for name, measured in rows.items():
+        secs = [s for s, _ in measured]
+        means[name] = statistics.mean(secs)
+        cpu = statistics.mean(c for _, c in measured)
+        print(f"{kind:4s} {name:8s} {means[name]:7.2f} s/{unit} (min {min(secs):.2f}, "
+              f"cpu {cpu:.2f} s, {len(secs)} measured)")
+    print(f"{kind} float32/bf16: {means['float32'] / means['bf16']:.2f}")
+
+
+def alternate_precisions(kind: str, names: list[str], run: Callable[[str, int], str],
+                         full: int, small: tuple[int, str], warmup: int,
+                         steps: int) -> dict[str, list[tuple[float, float]]]:
+    """Time `run(name, n)` for each precision `name`: first one call on the first `small[0]` rows
+    (a cheap warm-up: first-call costs, AdamW's state, `adam_v_warm_start`'s pass), then `warmup`
+    unmeasured and `steps` measured calls on all `full` rows, alternating which name goes first.
+    A line per call; returns the measured (wall, CPU) seconds per name."""
+    measured: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    plan = [(small[0], f"warm-up, {small[1]}" if small[0] < full else "warm-up")]
+    plan += [(full, "warm-up")] * warmup + [(full, "measured")] * steps
+    for i, (n, label) in enumerate(plan):
+        order = names if i % 2 == 0 else list(reversed(names))
+        for name in order:
+            seconds, cpu, info = timed(run, name, n)
+            if label == "measured":
+                measured[name].append((seconds, cpu))
+            print(f"{kind} {i} {name:8s} {seconds:7.2f} s (cpu {cpu:6.2f} s) {label}: {info}",
+                  flush=True)
+    return measured
+
+
+def precision_bench(args: argparse.Namespace) -> None:
+    """`--policy`: the native GRPO update (and an SFT step) in float32 against bf16 autocast."""
+    import gc
+
+    from sentinel.config import load_config
+    from sentinel.policy import load_policy
+    from trainers import GRPOTrainer
+    from trainers.sft import batch_loss
+
+    cfg = load_config(args.config)
+    tasks = args.tasks or cfg.batch.tasks_per_step
+    samples = args.samples or cfg.batch.group_size
+    steps = 1 if args.steps is None else args.steps
+    warmup = 0 if args.warmup is None else args.warmup
+    print(cpu_summary())
+    print(f"torch threads {torch.get_num_threads()}, torch {torch.__version__}", flush=True)
+    t0 = time.perf_counter()
+    model, tokenizer = load_policy(args.policy)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"policy {args.policy}: {n_params / 1e6:.1f}M parameters, vocab "
+          f"{model.config.vocab_size}, {next(model.parameters()).dtype} weights, loaded in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    refs = reference_batch(cfg, tokenizer, tasks, seed=0)
+    grpo_cfg = cfg.grpo_trainer_config()
+    guard = grpo_cfg.kl_guard
+    if guard is not None:  # its forward runs, its threshold never trips (see the docstring)
+        grpo_cfg = grpo_cfg.model_copy(update={"kl_guard": 1e9})
+    rows, advantages = grpo_rows(model, refs, samples, grpo_cfg.temperature)
+    leads = [r.loss_mask.index(1) for r in refs]
+    print(f"batch: {tasks} tasks x {samples} samples of reference trajectories ({args.config}),"
+          f" {min(len(r.token_ids) for r in refs)}-{max(len(r.token_ids) for r in refs)} tokens"
+          f" (prompts {min(leads)}-{max(leads)}, shared per group), "
+          f"{sum(r.n_policy_tokens for r in rows)} trained tokens in all; micro-batch "
+          f"{grpo_cfg.micro_batch_size}, kl_guard "
+          f"{'none' if guard is None else f'{guard} (its forward runs; threshold set to 1e9)'}, "
+          f"adam_v_warm_start {grpo_cfg.adam_v_warm_start} (first update only); "
+          "per precision a warm-up update of "
+          f"one group, then {warmup} warm-up + {steps} measured of the batch", flush=True)
+
+    precisions = {"float32": False, "bf16": True}
+    trainer = GRPOTrainer(model, grpo_cfg.model_copy(update={"bf16": False}),
+                          tokenizer.pad_token_id)
+    configs = {name: grpo_cfg.model_copy(update={"bf16": on}) for name, on in precisions.items()}
+
+    def grpo_update(name: str, n_rows: int) -> str:
+        trainer.config = configs[name]
+        m = trainer.step(rows[:n_rows], advantages[:n_rows])
+        kl = "" if guard is None else f", guard kl {m['guard/kl']:.4f}"
+        return f"loss {m['loss']:.4f}, grad norm {m['grad_norm']:.3f}{kl}"
+
+    grpo = alternate_precisions("grpo update", list(precisions), grpo_update, len(rows),
+                                (samples, "1 group"), warmup, steps)
+    trainer.optimizer.state.clear()  # its AdamW moments (2 x the weights) before SFT's own
+    gc.collect()
+
+    sft: dict[str, list[tuple[float, float]]] = {}
+    if not args.no_sft:
+        sft_cfg = cfg.sft
+        examples = [(r.token_ids, r.loss_mask) for r in refs]
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=sft_cfg.lr, weight_decay=sft_cfg.weight_decay)
+        device = next(model.parameters()).device
+        print(f"sft: {len(examples)} examples (the batch's references; pack {sft_cfg.pack}, "
+              f"max_seq_len {sft_cfg.max_seq_len}, lr {sft_cfg.lr}), a step = batch_loss + "
+              "backward + grad clip + AdamW", flush=True)
+        model.train()
+
+        def sft_step(name: str, n_examples: int) -> str:
+            dtype = sft_cfg.model_copy(update={"bf16": precisions[name]}).autocast_dtype(device)
+            loss, _ = batch_loss(model, examples[:n_examples], tokenizer.pad_token_id,
+                                 sft_cfg.pack, sft_cfg.max_seq_len, dtype)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, sft_cfg.max_grad_norm)
+            optimizer.step()
+            return f"loss {float(loss.item()):.4f}"
+
+        sft = alternate_precisions("sft step", list(precisions), sft_step, len(examples),
+                                   (1, "1 example"), warmup, steps)
+        model.eval()
+
+    status = Path("/proc/self/status").read_text()
+    kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}; peak RSS "
+          f"{int(kib) / 1024:.0f} MiB")
+    if steps:
+        summarise("grpo", grpo, "update")
+        if sft:
+            summarise("sft", sft, "step")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per side")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured first steps per side")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="measured steps per side (default 3; with --policy 1)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="unmeasured first steps per side (default 1; with --policy 0, "
+                        "after a warm-up on one group that always runs)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--policy", default=None,
+                        help="e.g. smollm2-135m: time this policy's native GRPO update (and SFT "
+                        "step) in float32 against bf16 autocast instead of Sentinel against trl")
+    parser.add_argument("--config", default="configs/demo_smol.yaml",
+                        help="with --policy: the recipe (grpo, sft, families, env, batch)")
+    parser.add_argument("--tasks", type=int, default=None,
+                        help="with --policy: groups in the batch (default batch.tasks_per_step)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="with --policy: rows per group (default batch.group_size)")
+    parser.add_argument("--no-sft", action="store_true", help="with --policy: skip the SFT step")
     parser.add_argument("--memory-of", choices=["sentinel", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -320,6 +562,11 @@ def main() -> None:
     if args.memory_of:
         run_alone(args.memory_of, args.model_dir)
         return
+    if args.policy is not None:
+        precision_bench(args)
+        return
+    args.steps = 3 if args.steps is None else args.steps
+    args.warmup = 1 if args.warmup is None else args.warmup
 
     from sentinel.policy import TinyPolicyConfig, build_tiny_policy
 
