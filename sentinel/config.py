@@ -347,6 +347,10 @@ REMOVED: dict[str, tuple[Any, str]] = {
         "measured in docs/results.md and used by no config"),
     **{f"grpo.{k}": (ANY, "read only by grpo.cov_penalty")
        for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "kl_cov_coef")},
+    "policy.tiny.tokenizer": (
+        "chars", "policy.tiny.tokenizer numbers (whole tokens for 10-99 and the remedy tools): "
+        "mean held-out recovery +0.110 [+0.065, +0.160] round 0 -> 8 against the demo recipe's "
+        "+0.135 [+0.065, +0.205], one seed (docs/results.md, 'Five more levers'): no change"),
 }
 REMOVED_SECTIONS = ("repair",)
 

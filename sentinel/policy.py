@@ -7,15 +7,14 @@ Both are saved as an ordinary Hugging Face model directory (`config.json`, weigh
 The tokenizer is character level (printable ASCII and newline) plus whole tokens for the
 structural markers of the chat and tool-call format (`<|im_start|>`, `<tool_call>`, the fixed JSON
 keys of a Hermes call, tool names, ...). A Hermes call then costs the tiny model about ten tokens,
-as it costs a real tokenizer, instead of ~70 characters. `policy.tiny.tokenizer: numbers` also
-keeps the integers 10-99 and the fault remedies' tool names whole (`NUMBER_TOKENS`,
-`REMEDY_TOKENS`); measured in docs/results.md, it does not change what GRPO teaches this policy.
+as it costs a real tokenizer, instead of ~70 characters. The token ids are fixed (special tokens,
+characters, structural tokens, in that order): saved tiny policies depend on them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,14 +25,6 @@ STRUCTURAL_TOKENS = [
     '{"code": "', '"}}', "calculator", "lookup", "python", "system\n", "user\n", "assistant\n",
 ]
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
-# `tokenizer: numbers` adds whole tokens for the integers 10-99 (digits already are one each; as
-# Llama 3's tokenizer keeps short numbers whole; matched longest first, so `123` is `12` `3`) and
-# for the tools and argument key the fault remedies use (`wait`, `calc`, `{"seconds": `), which
-# `chars` spells out.
-NUMBER_TOKENS = [str(n) for n in range(10, 100)]
-REMEDY_TOKENS = ["wait", "calc", '{"seconds": ']
-TokenizerKind = Literal["chars", "numbers"]
-TOKENIZERS: tuple[str, ...] = get_args(TokenizerKind)
 
 # Compact on purpose: every character is a token for this model, so the framing is kept short
 # (no newlines between turns; a tool result is just its <tool_response> block).
@@ -59,14 +50,10 @@ class TinyPolicyConfig(BaseModel):
     num_attention_heads: int = Field(6, ge=1, description="attention heads (no grouped KV)")
     max_position_embeddings: int = Field(1024, ge=64, description="context length")
     seed: int = Field(0, description="seed of the weight init")
-    tokenizer: TokenizerKind = Field(
-        "chars", description="`chars`: one token per character plus the chat and tool-call "
-        "markers; `numbers`: also whole tokens for 10-99 and the remedy tools (`wait`, `calc`)")
 
 
-def build_tokenizer(kind: str = "chars") -> Any:
-    """The character-level `PreTrainedTokenizerFast` with the chat template; `kind="numbers"`
-    adds whole tokens for 10-99 and the remedy tools (`NUMBER_TOKENS`, `REMEDY_TOKENS`)."""
+def build_tokenizer() -> Any:
+    """The character-level `PreTrainedTokenizerFast` with the chat template."""
     from tokenizers import AddedToken, Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
@@ -74,11 +61,7 @@ def build_tokenizer(kind: str = "chars") -> Any:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<|unk|>"))
     core.decoder = decoders.Fuse()
     core.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL_TOKENS])
-    if kind not in TOKENIZERS:
-        raise ValueError(f"policy.tiny.tokenizer: {kind!r} is not one of {', '.join(TOKENIZERS)}")
-    extra = NUMBER_TOKENS + REMEDY_TOKENS if kind == "numbers" else []
-    core.add_tokens([AddedToken(t, normalized=False, special=False)
-                     for t in STRUCTURAL_TOKENS + extra])
+    core.add_tokens([AddedToken(t, normalized=False, special=False) for t in STRUCTURAL_TOKENS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<|pad|>", eos_token="<|im_end|>",
         bos_token="<|im_start|>", unk_token="<|unk|>", padding_side="left",
@@ -97,7 +80,7 @@ def build_tiny_policy(out_dir: str | Path, config: TinyPolicyConfig | None = Non
 
     config = config or TinyPolicyConfig()
     out = Path(out_dir)
-    tokenizer = build_tokenizer(config.tokenizer)
+    tokenizer = build_tokenizer()
     model_config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=config.hidden_size,

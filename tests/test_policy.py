@@ -13,11 +13,8 @@ from transformers import AutoTokenizer
 from sentinel.env.parser import format_answer, format_call
 from sentinel.policy import (
     CHARS,
-    NUMBER_TOKENS,
-    REMEDY_TOKENS,
     SPECIAL_TOKENS,
     STRUCTURAL_TOKENS,
-    TinyPolicyConfig,
     build_tokenizer,
 )
 from tests.conftest import TINY_SHAPE
@@ -116,37 +113,14 @@ def test_build_is_seeded(tiny_dir: Path, tmp_path: Path) -> None:
     assert all(bool((a[k] == b[k]).all()) for k in a)
 
 
-def test_numbers_tokenizer_has_whole_numbers_and_remedy_tools() -> None:
-    chars, numbers = build_tokenizer("chars"), build_tokenizer("numbers")
-    assert len(numbers) == len(chars) + len(NUMBER_TOKENS) + len(REMEDY_TOKENS)
-    # the chars tokenizer's ids are unchanged, so the extra tokens only append to the vocabulary
-    assert all(numbers.get_vocab()[t] == i for t, i in chars.get_vocab().items())
-    call = format_call("calculator", {"expression": "76+15"})
-    assert numbers.convert_ids_to_tokens(numbers.encode(call, add_special_tokens=False))[5:8] == [
-        "76", "+", "15"]
-    wait = format_call("wait", {"seconds": 2})
-    assert numbers.convert_ids_to_tokens(numbers.encode(wait, add_special_tokens=False))[:5] == [
-        "<tool_call>", '{"name": "', "wait", '", "arguments": ', '{"seconds": ']
-    # longest match first: a three-digit number is two tokens, `calculator` stays one
-    ids = numbers.encode("123 calculator calc", add_special_tokens=False)
-    assert numbers.convert_ids_to_tokens(ids) == ["12", "3", " ", "calculator", " ", "calc"]
-    for text in [*ASCII_SAMPLES, call, wait, "-10 waited 2 s; available: calc"]:
-        ids = numbers.encode(text, add_special_tokens=False)
-        assert numbers.decode(ids, skip_special_tokens=False) == text
-        assert len(ids) <= len(chars.encode(text, add_special_tokens=False))
+def test_the_token_ids_are_the_ones_saved_policies_were_built_with() -> None:
+    """The vocabulary, id for id, is pinned: a tiny policy saved by any earlier run (the demo's
+    included) reloads with the ids it was trained on. (The `numbers` tokenizer, which appended
+    whole numbers and remedy tools, was removed without touching these: docs/architecture.md.)"""
+    import hashlib
 
-
-def test_tokenizer_kind_is_checked(tmp_path: Path) -> None:
-    from pydantic import ValidationError
-
-    from sentinel.policy import build_tiny_policy
-
-    with pytest.raises(ValidationError, match="tokenizer"):
-        TinyPolicyConfig(tokenizer="words")
-    with pytest.raises(ValueError, match=r"policy\.tiny\.tokenizer"):
-        build_tokenizer("words")
-    shape = TINY_SHAPE.model_copy(update={"tokenizer": "numbers"})
-    out = build_tiny_policy(tmp_path / "numbers", shape)
-    reloaded = AutoTokenizer.from_pretrained(str(out))
-    assert reloaded.get_vocab() == build_tokenizer("numbers").get_vocab()
-    assert json.loads((out / "config.json").read_text())["vocab_size"] == len(reloaded)
+    vocab = sorted(build_tokenizer().get_vocab().items(), key=lambda kv: kv[1])
+    assert [t for t, _ in vocab] == SPECIAL_TOKENS + CHARS + STRUCTURAL_TOKENS
+    assert [i for _, i in vocab] == list(range(119))
+    assert hashlib.sha256(json.dumps(vocab).encode()).hexdigest() == (
+        "31dc31ea3fefe5bfc2ba67dd09cea4407b20cf2766daad66d5f72cd083e73296")

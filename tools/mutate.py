@@ -307,12 +307,6 @@ MUTATIONS: list[Mutation] = [
     Mutation("fault-echo-always", "sentinel/env/faults.py",
              'quoted = json.dumps(arguments, ensure_ascii=False) if self.echo else ""',
              'quoted = json.dumps(arguments, ensure_ascii=False)', ("tests/test_faults.py",)),
-    Mutation("tokenizer-numbers-is-chars", "sentinel/policy.py",
-             'extra = NUMBER_TOKENS + REMEDY_TOKENS if kind == "numbers" else []',
-             "extra = []", ("tests/test_policy.py",)),
-    Mutation("tiny-policy-ignores-tokenizer", "sentinel/policy.py",
-             "tokenizer = build_tokenizer(config.tokenizer)", "tokenizer = build_tokenizer()",
-             ("tests/test_policy.py",)),
     # -- the bench's scheduler: an exposure run waits for its seed's failure run, and only it.
     Mutation("bench-exposure-does-not-wait", "sentinel/bench.py",
              'if job[0] == "exposure" and (not needs_share or ("failure", job[1]) in done):',
