@@ -48,9 +48,15 @@ def _model(kind: str):
     return model.eval()
 
 
-def _contexts(seed: int) -> tuple[list[list[int]], list[int]]:
+def _contexts(seed: int, shared: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Contexts of 2-19 random tokens (some repeated: the fan-out path), after a prefix of
+    `shared` tokens common to all (with `shared`, one context is the prefix and one token)."""
     rng = random.Random(seed)
-    base = [[rng.randrange(3, 61) for _ in range(rng.randrange(2, 20))] for _ in range(5)]
+    prefix = [rng.randrange(3, 61) for _ in range(shared)]
+    base = [prefix + [rng.randrange(3, 61) for _ in range(rng.randrange(2, 20))]
+            for _ in range(5)]
+    if shared:
+        base[4] = [*prefix, 7]
     contexts = [*base, base[0], base[0], base[3]]  # shared contexts take the fan-out path
     budgets = [rng.randrange(1, 12) for _ in contexts]
     return contexts, budgets
@@ -64,10 +70,13 @@ def _full_logprobs(model, ctx: list[int], new: list[int], temperature: float) ->
     return logp.gather(-1, torch.tensor(new)[:, None]).squeeze(-1).tolist()
 
 
+@pytest.mark.parametrize("shared", [0, 24], ids=["own", "shared-prefix"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
-def test_greedy_matches_generate(kind):
+def test_greedy_matches_generate(kind, shared):
+    """Greedy outputs and log-probs equal `generate`'s, with and without a prefix common to
+    every context (prefilled once for all)."""
     model = _model(kind)
-    contexts, budgets = _contexts(1)
+    contexts, budgets = _contexts(1, shared)
     engine = StaticEngine.build(model, eos_id=1, pad_id=0)
     assert engine is not None
     ours = engine.sample(contexts, budgets, temperature=1.0, greedy=True)
@@ -78,10 +87,11 @@ def test_greedy_matches_generate(kind):
         assert lps == pytest.approx(ref_lps, abs=1e-4)
 
 
+@pytest.mark.parametrize("shared", [0, 24], ids=["own", "shared-prefix"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
-def test_sampled_logprobs_equal_a_full_forward(kind):
+def test_sampled_logprobs_equal_a_full_forward(kind, shared):
     model = _model(kind)
-    contexts, budgets = _contexts(2)
+    contexts, budgets = _contexts(2, shared)
     torch.manual_seed(3)
     outs = StaticEngine.build(model, eos_id=1, pad_id=0).sample(
         contexts, budgets, temperature=0.8, greedy=False)

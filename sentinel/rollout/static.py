@@ -8,7 +8,9 @@ model being trained) through a loop that
 
 - preallocates one key/value buffer per layer for the whole chunk and writes each step in place;
 - prefills each distinct context once and copies its cache rows to the samples that share it
-  (the G samples of a task in the first turn);
+  (the G samples of a task in the first turn), and the prefix every context of the chunk shares
+  (a family's system prompt and tools block, hundreds of tokens for a real tokenizer) once for
+  all of them;
 - drops finished rows from the batch (and their cache rows) as they end;
 - fuses the q/k/v and gate/up projections into one matmul each.
 
@@ -162,29 +164,47 @@ class StaticEngine:
         device, dtype = p.device, p.dtype
         layers = self._layers()
         n = len(contexts)
-        # Prefill every distinct context once.
+        # Prefill every distinct context once; the prefix every context shares (a family's
+        # system prompt and tools block) once for all of them.
         uniq: dict[tuple[int, ...], int] = {}
         row_of = [uniq.setdefault(tuple(c), len(uniq)) for c in contexts]
         distinct = list(uniq)
-        width = max(len(c) for c in distinct)
-        total = width + max(budgets)
         u = len(distinct)
-        ids = torch.full((u, width), self.pad_id, dtype=torch.long)
+        lcp = _shared_prefix_len(distinct) if u > 1 else 0
+        if lcp < MIN_SHARED_PREFIX:
+            lcp = 0
+        rests = [c[lcp:] for c in distinct]
+        rest_w = max(len(r) for r in rests)
+        width = lcp + rest_w
+        total = width + max(budgets)
+        ids = torch.full((u, rest_w), self.pad_id, dtype=torch.long)
         valid = torch.zeros((u, total), dtype=torch.bool)
-        for r, ctx in enumerate(distinct):
-            ids[r, width - len(ctx):] = torch.tensor(ctx, dtype=torch.long)
-            valid[r, width - len(ctx):width] = True
+        valid[:, :lcp] = True
+        for r, rest in enumerate(rests):  # left-padded: every row's last token is in one column
+            ids[r, rest_w - len(rest):] = torch.tensor(rest, dtype=torch.long)
+            valid[r, width - len(rest):width] = True
         ids, valid = ids.to(device), valid.to(device)
         pos = (valid[:, :width].long().cumsum(-1) - 1).clamp(min=0)
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        eye = torch.eye(width, dtype=torch.bool, device=device)
-        # Pad queries attend to themselves only, so no softmax row is empty (their outputs are
-        # never read; their keys are masked for every real query).
-        mask = (causal & valid[:, None, :width]) | eye
         shape = (u, self.n_kv, total, self.head_dim)
         k_cache = [torch.empty(shape, dtype=dtype, device=device) for _ in layers]
         v_cache = [torch.empty(shape, dtype=dtype, device=device) for _ in layers]
-        hidden = self._forward(layers, ids, pos, k_cache, v_cache, 0, mask[:, None])
+        if lcp:
+            pre_shape = (1, self.n_kv, lcp, self.head_dim)
+            pre_k = [torch.empty(pre_shape, dtype=dtype, device=device) for _ in layers]
+            pre_v = [torch.empty(pre_shape, dtype=dtype, device=device) for _ in layers]
+            pre_mask = torch.ones(lcp, lcp, dtype=torch.bool, device=device).tril()
+            self._forward(layers, torch.tensor([distinct[0][:lcp]], device=device),
+                          pos[:1, :lcp], pre_k, pre_v, 0, pre_mask[None, None])
+            for i in range(len(layers)):
+                k_cache[i][:, :, :lcp] = pre_k[i]
+                v_cache[i][:, :, :lcp] = pre_v[i]
+        # Query j (column lcp + j) sees the valid keys up to its own column; pad queries attend
+        # to themselves only, so no softmax row is empty (their outputs are never read; their
+        # keys are masked for every real query).
+        causal = torch.ones(rest_w, width, dtype=torch.bool, device=device).tril(diagonal=lcp)
+        eye = torch.eye(rest_w, width, dtype=torch.bool, device=device).roll(lcp, dims=1)
+        mask = (causal & valid[:, None, :width]) | eye
+        hidden = self._forward(layers, ids, pos[:, lcp:], k_cache, v_cache, lcp, mask[:, None])
         logits = self._logits(hidden)
         # Fan the distinct rows out to the samples.
         index = torch.tensor(row_of, dtype=torch.long, device=device)
@@ -229,6 +249,24 @@ class StaticEngine:
         ids_out, lp_out = out_ids.cpu().tolist(), out_lp.cpu().tolist()
         lens = lengths.cpu().tolist()
         return [(ids_out[r][:lens[r]], lp_out[r][:lens[r]]) for r in range(n)]
+
+
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth their own forward
+
+
+def _shared_prefix_len(contexts: Sequence[Sequence[int]]) -> int:
+    """The length of the prefix all `contexts` share, less than the shortest one (so every
+    context keeps at least its last token to prefill)."""
+    first, shortest = contexts[0], min(len(c) for c in contexts)
+    n = shortest - 1
+    for c in contexts[1:]:
+        i = 0
+        while i < n and c[i] == first[i]:
+            i += 1
+        n = i
+        if n == 0:
+            break
+    return max(n, 0)
 
 
 def _eps(norm: Any) -> float:
