@@ -64,6 +64,12 @@ def loop(
         _fail(f"--run-dir takes the run directory, not its store file: give --run-dir "
               f"{run_dir.parent}" if run_dir.name == "sentinel.duckdb" else
               f"--run-dir takes a run directory (it will hold sentinel.duckdb), not {run_dir}")
+    if blocker := _not_a_directory(run_dir):
+        what = "is a file" if blocker.is_file() else "exists and is not a directory"
+        _fail(f"--run-dir {run_dir} {what}; give a run directory (it will hold sentinel.duckdb)"
+              if blocker == run_dir else
+              f"--run-dir {run_dir}: {blocker} {what}, so no run directory can be made under it")
+    made = _first_missing(run_dir)  # removed again if the run fails before writing anything
     try:
         if config is None:
             import json
@@ -79,8 +85,17 @@ def loop(
     from task_store import StoreLockedError
 
     try:
-        Loop(cfg, run_dir).run(resume=resume)
+        runner = Loop(cfg, run_dir)
     except (GeneratorLoadError, LoopError) as exc:
+        _remove_empty(run_dir, made)
+        _fail(str(exc))
+    except OSError as exc:  # the run directory cannot be made: nothing ran, nothing to resume
+        _remove_empty(run_dir, made)
+        _fail(f"--run-dir {run_dir}: {exc}")
+    try:
+        runner.run(resume=resume)
+    except (GeneratorLoadError, LoopError) as exc:
+        _remove_empty(run_dir, made)  # refused before the store (policy, veRL): nothing left
         _fail(str(exc))
     except (OSError, StoreLockedError) as exc:
         _fail(f"{exc}\nthe interrupted round was not stored; once the cause is fixed, continue "
@@ -96,6 +111,42 @@ def loop(
                f"store: {run_dir / 'sentinel.duckdb'}")
     for line in _changes(store, r0, rn):
         typer.echo(line)
+
+
+def _not_a_directory(run_dir: Path) -> Path | None:
+    """The path that keeps `run_dir` from being a directory: `run_dir` itself or the nearest
+    existing folder above it, when that is a file (or anything else that is not a directory);
+    None when `run_dir` is, or can be made, a directory."""
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() or path.is_symlink():
+            return None if path.is_dir() else path
+    return None
+
+
+def _first_missing(run_dir: Path) -> Path | None:
+    """The outermost of `run_dir` and its parents that does not exist yet (None: it exists)."""
+    missing = None
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() or path.is_symlink():
+            return missing
+        missing = path
+    return missing
+
+
+def _remove_empty(run_dir: Path, made: Path | None) -> None:
+    """Remove the folders this run made (`run_dir` up to `made`) while they are empty: a run
+    refused before it wrote anything leaves no directory behind."""
+    if made is None:
+        return
+    path = run_dir
+    while True:
+        try:
+            path.rmdir()  # only ever removes an empty folder
+        except OSError:
+            return
+        if path == made or path == path.parent:
+            return
+        path = path.parent
 
 
 def _changes(store: Any, first: int, last: int) -> list[str]:

@@ -29,6 +29,7 @@ error naming the key and the result it was removed on (the behaviour it asks for
 from __future__ import annotations
 
 import copy
+import stat
 import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -67,6 +68,13 @@ from trainers.config import (
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the key and the rule."""
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KiB of YAML; 1 MiB is a sanity cap
+MAX_STRING_CHARS = 100_000  # any string anywhere in a config (a family's instruction: 4,000)
+# The `why` of the count caps (rounds, batch shape, held-out set, cold start): each is far above
+# any run one machine can hold, so a value past it is a typo, not a plan.
+CAP = why("a sanity cap far beyond what one machine can hold (docs/configuration.md, 'Caps')")
 
 
 class Section(ExplainedModel):
@@ -214,20 +222,29 @@ class TrainerConfig(Section):
 
 
 class ColdStartConfig(SFTConfig):
-    num_examples: int = Field(512, ge=1, description="reference trajectories to train on")
+    steps: int = Field(300, ge=0, le=100_000, description="optimizer steps (0 trains nothing)",
+                       json_schema_extra=CAP)
+    num_examples: int = Field(512, ge=1, le=100_000, description="reference trajectories to "
+                              "train on", json_schema_extra=CAP)
     enabled: bool = Field(True, description="run the round-0 SFT cold start")
 
 
 class BatchConfig(Section):
-    steps_per_round: int = Field(8, ge=1, description="GRPO updates per round")
-    tasks_per_step: int = Field(16, ge=1, description="distinct tasks per update")
-    group_size: int = Field(8, ge=2, description="samples per task (the GRPO group)",
-                            json_schema_extra=why("GRPO compares samples within a group"))
+    steps_per_round: int = Field(8, ge=1, le=10_000, description="GRPO updates per round",
+                                 json_schema_extra=CAP)
+    tasks_per_step: int = Field(16, ge=1, le=4_096, description="distinct tasks per update",
+                                json_schema_extra=CAP)
+    group_size: int = Field(8, ge=2, le=1_024, description="samples per task (the GRPO group)",
+                            json_schema_extra=why("GRPO compares samples within a group; 1,024 "
+                                                  "is a sanity cap (docs/configuration.md, "
+                                                  "'Caps')"))
 
 
 class EvalConfig(Section):
-    num_tasks: int = Field(64, ge=1, description="held-out tasks, fixed for the run")
-    samples: int = Field(4, ge=1, description="samples per held-out task at rollout temperature")
+    num_tasks: int = Field(64, ge=1, le=100_000, description="held-out tasks, fixed for the run",
+                           json_schema_extra=CAP)
+    samples: int = Field(4, ge=1, le=1_024, description="samples per held-out task at rollout "
+                         "temperature", json_schema_extra=CAP)
     greedy: bool = Field(True, description="also report greedy success")
     seed: int = Field(1234, description="seed of the held-out set")
     families: list[FamilySpec] | None = Field(
@@ -386,7 +403,8 @@ def drop_removed(data: Any, strict: bool = True) -> tuple[Any, list[str]]:
 
 class SentinelConfig(Section):
     seed: int = Field(0, description="seeds the policy init, sampling, the curriculum and faults")
-    rounds: int = Field(4, ge=0, description="GRPO rounds after the round-0 cold start")
+    rounds: int = Field(4, ge=0, le=10_000, description="GRPO rounds after the round-0 cold "
+                        "start", json_schema_extra=CAP)
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="the policy model")
     families: list[FamilySpec] = Field(
         default_factory=lambda: [family_entry({"type": "arith"})],
@@ -447,6 +465,20 @@ class SentinelConfig(Section):
                       "temperature", FutureWarning, stacklevel=2)
         return {**data, "grpo": {k: v for k, v in grpo.items() if k != "temperature"}}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, data: Any) -> Any:
+        """Every string of the config, keys included, is storable text of a sane length: a lone
+        surrogate (a YAML `"\\ud800"` escape makes one) can be neither tokenized nor stored, and
+        a string of millions of characters stalls the cold start. Defined after the other
+        `before` validators, so it runs first: a bad string is the one error reported."""
+        if (bad := bad_string(data)) is not None:
+            loc, value, message = bad
+            raise ValidationError.from_exception_data(cls.__name__, [InitErrorDetails(
+                type=PydanticCustomError("bad_string", "{error}", {"error": message}), loc=loc,
+                input=value)])
+        return data
+
     @field_validator("families")
     @classmethod
     def _families(cls, v: list[FamilyEntry]) -> list[FamilyEntry]:
@@ -481,18 +513,65 @@ class SentinelConfig(Section):
         return GRPOConfig(**self.grpo.model_dump(), temperature=self.rollout.temperature)
 
 
+def bad_string(data: Any) -> tuple[tuple[str | int, ...], str, str] | None:
+    """The first string of `data` (a raw config: mappings, lists, scalars; keys included) that
+    holds a lone surrogate or has more than `MAX_STRING_CHARS` characters, as (location, the
+    string, what is wrong); None when there is none. Iterative, and each container is walked
+    once, so neither deep nesting nor YAML aliases make it slow."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
+    seen: set[int] = set()
+    while stack:
+        loc, node = stack.pop()
+        if isinstance(node, str):
+            if len(node) > MAX_STRING_CHARS:
+                return loc, node, (f"a string of {len(node):,} characters; a config string "
+                                   f"has at most {MAX_STRING_CHARS:,}")
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return loc, node, (f"contains a lone surrogate ({node[exc.start]!r} at "
+                                   f"character {exc.start}), which is not Unicode text: it can "
+                                   "be neither tokenized nor stored (a YAML \"\\ud800\" escape "
+                                   "makes one)")
+        elif isinstance(node, dict | list) and id(node) not in seen:
+            seen.add(id(node))
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, value in reversed(list(items)):  # first key first
+                if isinstance(node, dict) and isinstance(key, str):
+                    stack.append(((*loc, key), value))
+                    stack.append(((*loc, key), key))  # the key itself, checked before its value
+                else:
+                    stack.append(((*loc, key), value))
+    return None
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)`, cut to a readable length."""
+    text = repr(value)
+    if len(text) <= 80:
+        return text
+    size = f", {len(value):,} characters" if isinstance(value, str) else ""
+    return f"{text[:60]}...{size}"
+
+
+def _printable(line: str) -> str:
+    """`line` with any lone surrogate (a bad key) escaped, so it can be printed."""
+    return line.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _format_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            lines.append(f"unknown config key '{key}'")
+            lines.append(_printable(f"unknown config key '{key}'"))
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {_shown(got)})"
         # A cross-field rule (no location of its own) names its keys in the message.
-        lines.append(f"config key '{key}': {msg}{shown}" if err["loc"] else f"config: {msg}")
+        lines.append(_printable(f"config key '{key}': {msg}{shown}" if err["loc"] else
+                                f"config: {msg}"))
     return "\n".join(lines)
 
 
@@ -535,6 +614,39 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
 ConfigT = TypeVar("ConfigT", bound=SentinelConfig)
 
 
+def _read_config_file(path: Path) -> str:
+    """The text of the config file `path`: a regular file of at most `MAX_CONFIG_BYTES`, UTF-8.
+    Anything else (missing, a directory, a device such as /dev/zero, a pipe, a huge file, other
+    bytes) is a one-line `ConfigError` naming the path, found before more than the cap is read."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(mode):
+        raise ConfigError(f"config file {path} is a directory, not a YAML file")
+    if not stat.S_ISREG(mode):
+        raise ConfigError(f"config file {path} is not a regular file (a device, a pipe or a "
+                          "socket); give a YAML file")
+    too_big = (f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB; a config is a "
+               "few KiB of YAML")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(too_big)
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)  # a file that grew since stat is still capped
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(too_big)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: "
+                          f"{raw[exc.start:exc.start + 1]!r})") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None, *,
                 model: type[ConfigT] = SentinelConfig) -> ConfigT:  # type: ignore[assignment]
@@ -543,12 +655,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     key."""
     raw: Any = copy.deepcopy(data or {})
     if path is not None:
+        text = _read_config_file(Path(path))
         try:
-            raw = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file {path} does not exist") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as exc:  # its message spans lines (the mark): made one
+            raise ConfigError(f"config file {path} is not valid YAML: "
+                              f"{' '.join(str(exc).split())}") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path} nests too deeply to be a config") from None
         if raw is None:  # not a silent all-defaults run: an empty file is a mistake
             raise ConfigError(f"config file {path} is empty (no keys); see "
                               "configs/quickstart.yaml")

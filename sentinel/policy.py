@@ -127,10 +127,13 @@ def load_policy(path_or_id: str | Path, *, device: str = "cpu", dtype: str = "fl
 def check_policy_source(model: str) -> None:
     """Raise `ValueError` (message starting `policy.model`) unless `model` can be loaded: `tiny`;
     a built-in pretrained name whose package is installed (`smollm2-135m`); an existing directory
-    holding a `config.json`; or a hub id (`name` or `owner/name`) whose
-    `config.json` is in the local Hugging Face cache or, unless `HF_HUB_OFFLINE` is set, that the
-    hub answers for. Checked before a run writes anything, so a typo never leaves a store behind.
+    holding a `config.json`; or a hub id (`name` or `owner/name`) whose `config.json` is in the
+    local Hugging Face cache or, unless `HF_HUB_OFFLINE` is set, that the hub answers for. A local
+    `config.json` (the directory's, or the cached one) must be a JSON object with a `model_type`
+    transformers knows. Checked before a run writes anything, so a typo or a broken model
+    directory never leaves a store behind.
     """
+    import json
     import os
 
     from sentinel.pretrained import BUILTINS, gguf_path
@@ -140,11 +143,39 @@ def check_policy_source(model: str) -> None:
     if model in BUILTINS:
         gguf_path(model)  # its package is installed, or a one-line error naming the command
         return
+
+    def model_config(file: Path) -> None:
+        """`file`, a model's config.json, is a JSON object whose `model_type` transformers knows
+        (what `AutoConfig` needs; `architectures` alone does not load): else a one-line error
+        now, not a traceback after the store is made and the cold start begun."""
+        try:
+            text = file.read_bytes() if file.stat().st_size <= 16 << 20 else None
+        except OSError as exc:
+            raise ValueError(f"policy.model: {file} cannot be read: {exc.strerror or exc}"
+                             ) from None
+        if text is None:
+            raise ValueError(f"policy.model: {file} is larger than 16 MiB, not a model's "
+                             "config.json")
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"policy.model: {file} is not valid JSON ({exc})") from None
+        kind = data.get("model_type") if isinstance(data, dict) else None
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"policy.model: {file} has no model_type (not a Hugging Face model "
+                             "config)")
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        if kind not in CONFIG_MAPPING:
+            raise ValueError(f"policy.model: {file} has model_type {kind!r}, which this "
+                             "transformers does not know (a newer transformers may)")
+
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"policy.model: the directory {path} holds no config.json (not a "
                              "Hugging Face model directory)")
+        model_config(path / "config.json")
         return
     if path.exists():
         raise ValueError(f"policy.model: {path} is a file; give 'tiny', a Hugging Face model "
@@ -158,7 +189,8 @@ def check_policy_source(model: str) -> None:
         raise ValueError(f"policy.model: {model!r} is neither an existing directory nor a hub id "
                          "of the form owner/name; give 'tiny', a Hugging Face model directory "
                          "or a hub id") from None
-    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+    if isinstance(cached := try_to_load_from_cache(model, "config.json"), str):
+        model_config(Path(cached))
         return
     looked = (f"no directory {path.resolve()} and no hub model {model!r} in the local Hugging "
               "Face cache")

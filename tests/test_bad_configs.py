@@ -92,6 +92,21 @@ BAD_CONFIGS: dict[str, tuple[list[str], str, str]] = {
                                       "trainer.backend", "cannot do grpo.kl_guard=0.05"),
     "a removed knob turned on": (["repair.epochs=1"], "repair.epochs",
                                  "with a measured gain): supervised repair"),
+    # text that cannot be tokenized or stored, or is far too long (issue #42): a general check
+    # over every string of the config, keys included, before anything else is validated
+    "lone surrogate in an instruction": (['families.0.instruction="\\ud800"'],
+                                         "families.0.instruction", "lone surrogate ('\\ud800'"),
+    "lone surrogate in a plugin name": (['generators.0.type="mut\\udfffate"'],
+                                        "generators.0.type", "lone surrogate ('\\udfff'"),
+    "lone surrogate in a key (non-UTF-8 argv)": (["seed\udcff=1"], "seed", "lone surrogate"),
+    "instruction over 4,000 characters": (["families.0.instruction=" + "x" * 4001],
+                                          "families.0.instruction", "at most 4000 characters"),
+    "a string of 100,001 characters": (["logging.project=" + "x" * 100_001], "logging.project",
+                                       "a config string has at most 100,000"),
+    # counts past what one machine can hold (every other cap: the bound table below)
+    "10^26 rounds": (["rounds=" + "1" + "0" * 26], "rounds", "less than or equal to 10000"),
+    "a group of 10^9": (["batch.group_size=1000000000"], "batch.group_size",
+                        "less than or equal to 1024"),
 }
 
 
@@ -154,6 +169,10 @@ def test_every_bounded_key_refuses_a_value_past_its_bound(name: str) -> None:
 def test_bounds_are_found() -> None:
     assert {"batch.group_size ge 2", "grpo.epsilon_low lt 1", "env.faults.rate le 1",
             "rollout.temperature gt 0"} <= set(PAST_BOUNDS)
+    # the sanity caps on counts (issue #42)
+    assert {"rounds le 10000", "batch.steps_per_round le 10000", "batch.tasks_per_step le 4096",
+            "batch.group_size le 1024", "eval.num_tasks le 100000", "eval.samples le 1024",
+            "sft.steps le 100000", "sft.num_examples le 100000"} <= set(PAST_BOUNDS)
 
 
 @pytest.mark.parametrize("name", ["arith", "sentinel.tasks.arith:ArithFamily"])

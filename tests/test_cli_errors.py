@@ -1,6 +1,8 @@
 """Bad input to the CLI is one clear line (rc 2), never a traceback, and leaves nothing behind:
-a config file that is empty, a `policy.model` that cannot be loaded, a file that is not a store,
-and `--run-dir` given the store file instead of its directory."""
+a config file that is empty, a directory, a device, huge or not UTF-8; a config string that is
+not Unicode text; a `policy.model` that cannot be loaded (a broken config.json too); a
+`--run-dir` that is a file; a file that is not a store, and `--run-dir` given the store file
+instead of its directory."""
 
 from __future__ import annotations
 
@@ -50,12 +52,14 @@ def test_an_empty_config_file_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("model", ["no/such/model/here", "nobody-xyz/no-such-model",
-                                   "a-directory-without-config"])
+                                   "a-directory-without-config", "config-not-json",
+                                   "config-without-model-type"])
 def test_an_unloadable_policy_is_refused_before_anything_is_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub is never asked: only the cache is
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a-directory-without-config").mkdir()
+    _model_dirs(tmp_path)
     cfg = load_config(data={**TINY, "policy": {**TINY["policy"], "model": model}})
     run_dir = tmp_path / "run"
     with pytest.raises(LoopError, match=r"^policy\.model") as info:
@@ -78,6 +82,81 @@ def test_the_cli_names_policy_model_and_does_not_advise_resume(tmp_path: Path) -
     assert "nobody-xyz/no-such-model" in lines[0] and "cache" in lines[0]
     assert "--resume" not in proc.stderr
     assert not (run_dir / "sentinel.duckdb").exists()
+
+
+def _model_dirs(base: Path) -> None:
+    """Model directories whose config.json is not JSON, and JSON without a model_type."""
+    for name, text in (("config-not-json", '{"model_type": "llama",'),
+                       ("config-without-model-type", '{"architectures": ["LlamaForCausalLM"]}')):
+        (base / name).mkdir()
+        (base / name / "config.json").write_text(text)
+
+
+def _loop_inputs(base: Path) -> None:
+    """The files the `BAD_LOOP_INPUTS` rows name, in `base`."""
+    (base / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    (base / "a-file").write_text("I am a file\n")
+    (base / "config-dir").mkdir()
+    (base / "huge.yaml").write_text("rounds: 1\n" + "# padding\n" * 110_000)  # > 1 MiB
+    (base / "latin1.yaml").write_bytes(b"rounds: 1\nseed: 0  # caf\xe9\n")
+    # "\ud800" in a YAML double-quoted string: PyYAML makes it a lone surrogate
+    entry = {"type": "arith", "max_operands": 2, "instruction": "SURROGATE"}
+    (base / "surrogate.yaml").write_text(
+        yaml.safe_dump({**TINY, "families": [entry]}).replace("SURROGATE", '"\\ud800"'))
+    _model_dirs(base)
+
+
+# `sentinel loop` given bad input: (arguments, a fragment of the one error line); "{tmp}" is the
+# test's folder, which holds the files `_loop_inputs` makes; the run directory is {tmp}/run
+# unless a row gives --run-dir. Every row fails before anything is written (issue #42).
+TINY_ARGS = ["--config", "{tmp}/tiny.yaml"]
+BAD_LOOP_INPUTS: dict[str, tuple[list[str], str]] = {
+    "run dir is a file": ([*TINY_ARGS, "--run-dir", "{tmp}/a-file"],
+                          "--run-dir {tmp}/a-file is a file; give a run directory"),
+    "run dir under a file": ([*TINY_ARGS, "--run-dir", "{tmp}/a-file/run"],
+                             "{tmp}/a-file is a file, so no run directory can be made"),
+    "config is a directory": (["--config", "{tmp}/config-dir"],
+                              "config file {tmp}/config-dir is a directory"),
+    "config is a device": (["--config", "/dev/zero"],
+                           "config file /dev/zero is not a regular file"),
+    "config over 1 MiB": (["--config", "{tmp}/huge.yaml"],
+                          "config file {tmp}/huge.yaml is larger than 1 MiB"),
+    "config not UTF-8": (["--config", "{tmp}/latin1.yaml"],
+                         "config file {tmp}/latin1.yaml is not UTF-8 text (byte 24: b'\\xe9')"),
+    "lone surrogate from a YAML escape": (["--config", "{tmp}/surrogate.yaml"],
+                                          "config key 'families.0.instruction': contains a lone "
+                                          "surrogate ('\\ud800'"),
+    "instruction of 5,000 characters": (
+        [*TINY_ARGS, "--set", "families.0.instruction=" + "x" * 5000],
+        "config key 'families.0.instruction': String should have at most 4000 characters"),
+    "10^26 rounds": ([*TINY_ARGS, "--set", "rounds=1" + "0" * 26],
+                     "config key 'rounds': Input should be less than or equal to 10000"),
+    "group of 10^9": ([*TINY_ARGS, "--set", "batch.group_size=1000000000"],
+                      "config key 'batch.group_size': Input should be less than or equal to 1024"),
+    "policy.model config.json not JSON": (
+        [*TINY_ARGS, "--set", "policy.model={tmp}/config-not-json"],
+        "policy.model: {tmp}/config-not-json/config.json is not valid JSON"),
+    "policy.model config.json without model_type": (
+        [*TINY_ARGS, "--set", "policy.model={tmp}/config-without-model-type"],
+        "policy.model: {tmp}/config-without-model-type/config.json has no model_type"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_LOOP_INPUTS))
+def test_bad_loop_input_is_one_line_and_writes_nothing(tmp_path: Path, name: str) -> None:
+    args, fragment = BAD_LOOP_INPUTS[name]
+    _loop_inputs(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in args]
+    if "--run-dir" not in args:
+        args += ["--run-dir", str(tmp_path / "run")]
+    result = cli("loop", *args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert fragment.format(tmp=tmp_path) in lines[0], lines[0]
+    assert "--resume" not in lines[0]
+    assert not (tmp_path / "run").exists()  # no run directory, so no store
+    assert (tmp_path / "a-file").read_text() == "I am a file\n"
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +206,4 @@ def test_loop_given_the_store_file_says_which_directory_to_give(stores: dict[str
     assert result.exit_code == 2, (result.output, result.exception)
     assert f"--run-dir {stores['real']}" in result.output
     assert "Traceback" not in result.output
+

@@ -53,6 +53,7 @@ from sentinel.env.faults import (
 )
 from sentinel.env.tools import BadArguments, Calculator, NoSuchTool, Tool, ToolFailure
 from sentinel.tasks.base import (
+    MAX_INSTRUCTION_CHARS,
     FamilyConfig,
     ReferenceCall,
     ReferenceSolution,
@@ -75,6 +76,7 @@ class ArithConfig(FamilyConfig):
     max_intermediate: int = Field(1000, ge=10, description="bound on |intermediate values|")
     instruction: str = Field(
         "Use the calculator, one operation per call. End with <answer>N</answer>.",
+        max_length=MAX_INSTRUCTION_CHARS,
         description="system message shown before each task",
     )
     fault_share: float = Field(0.0, ge=0.0, le=1.0, description="share of sampled tasks that "

@@ -45,6 +45,11 @@ class SpecError(ValueError):
     """A spec that the family cannot turn into a task; the message says why."""
 
 
+# Longest `instruction` (a family's system message) a family config takes: a prompt, not a
+# document; millions of characters would stall the cold start's tokenizer in silence.
+MAX_INSTRUCTION_CHARS = 4_000
+
+
 class FamilyConfig(BaseModel):
     """Base of every family's config model: unknown keys are errors."""
 

@@ -49,6 +49,7 @@ from pydantic import Field, field_validator
 
 from sentinel.env.tools import BadArguments, Tool
 from sentinel.tasks.base import (
+    MAX_INSTRUCTION_CHARS,
     FamilyConfig,
     ReferenceCall,
     ReferenceSolution,
@@ -229,6 +230,7 @@ class BFCLConfig(FamilyConfig):
     instruction: str = Field(
         "You can call the functions listed. Do what the user asks with function calls, one call "
         "per message; when the request is done, reply <answer>done</answer>.",
+        max_length=MAX_INSTRUCTION_CHARS,
         description="system message shown before each task",
     )
 

@@ -37,6 +37,7 @@ from pydantic import Field, model_validator
 
 from sentinel.env.tools import BadArguments, Calculator, Tool, ToolFailure, check_arguments
 from sentinel.tasks.base import (
+    MAX_INSTRUCTION_CHARS,
     FamilyConfig,
     ReferenceCall,
     ReferenceSolution,
@@ -80,6 +81,7 @@ class LookupConfig(FamilyConfig):
     instruction: str = Field(
         "Answer with the lookup tool (one fact per call) and the calculator. If a tool fails, "
         "call it again. End with <answer>...</answer>.",
+        max_length=MAX_INSTRUCTION_CHARS,
         description="system message shown before each task",
     )
 

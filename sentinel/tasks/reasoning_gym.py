@@ -36,7 +36,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sentinel.env.tools import Calculator, Tool
-from sentinel.tasks.base import FamilyConfig, ReferenceSolution, SpecError, TaskFamily
+from sentinel.tasks.base import (
+    MAX_INSTRUCTION_CHARS,
+    FamilyConfig,
+    ReferenceSolution,
+    SpecError,
+    TaskFamily,
+)
 from sentinel.types import Step, Task
 
 RESERVED_KEYS = ("seed", "size")
@@ -58,6 +64,7 @@ class ReasoningGymConfig(FamilyConfig):
     )
     tools: list[str] = Field(default_factory=list, description="tools offered: calculator, python")
     instruction: str = Field("Think, then end with <answer>...</answer>.",
+                             max_length=MAX_INSTRUCTION_CHARS,
                              description="system message shown before each task")
 
     @field_validator("datasets")
