@@ -205,7 +205,13 @@ def sql(
     import duckdb
 
     from task_store import SchemaVersionError, StoreLockedError
-    from task_store.sql import FORMATS, ReadOnlyQueryError, check_read_only, run_query
+    from task_store.sql import (
+        FORMATS,
+        QUERY_CONFIG,
+        ReadOnlyQueryError,
+        check_read_only,
+        run_query,
+    )
 
     if (query is None) == (file is None):
         _fail("give the SQL either as the QUERY argument or with --file, not both or neither")
@@ -220,12 +226,16 @@ def sql(
     store = _store(run_dir)
     try:
         check_read_only(query or "")  # before opening the store: a refusal never waits on a lock
-        with store.connect(read_only=True) as con:
+        # QUERY_CONFIG: no extension installed or loaded, no file or URL but the store
+        with store.connect(read_only=True, config=QUERY_CONFIG) as con:
             run_query(con, query or "", format_, output, sys.stdout)
     except BrokenPipeError:
         _reader_gone()
     except (ReadOnlyQueryError, SchemaVersionError, StoreLockedError, OSError) as exc:
         _fail(str(exc))
+    except duckdb.PermissionException as exc:  # a file, a URL, an extension: one line
+        _fail(f"sentinel sql reads only the run's store (no files, URLs or extensions): "
+              f"{str(exc).splitlines()[0]}")
     except duckdb.Error as exc:
         _fail(f"{type(exc).__name__}: {exc}")
 

@@ -16,15 +16,25 @@ naming the statement, anything that is not a plain read. The guard uses DuckDB's
   CALL, transactions, PREPARE/EXECUTE, VACUUM/ANALYZE/CHECKPOINT, multi-statement PIVOT.
 
 One statement per call, so "the result" is unambiguous in every output format.
+
+A query reads the store and nothing else: the connection is opened with `QUERY_CONFIG`, so
+DuckDB neither installs nor autoloads an extension (`read_csv('http://...')` would otherwise
+download httpfs into ~/.duckdb/extensions) and refuses every file, URL and directory outside the
+database (`enable_external_access`); the settings are locked, so the query cannot turn them back.
+
+Results stream: `csv` and `json` write chunk by chunk, so a result larger than memory still
+comes out; `table` renders at most `TABLE_ROWS` rows and says how many it left out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import json
 import re
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import date, datetime, time
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +42,18 @@ from typing import Any, TextIO
 import duckdb
 
 FORMATS = ("table", "csv", "json", "parquet")
+
+# DuckDB settings of every connection a user's SQL runs on (the store's, and the in-memory one
+# that parses it): no extension installed or autoloaded, no file or URL but the database itself.
+QUERY_CONFIG = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "enable_external_access": False,
+    "lock_configuration": True,
+}
+TABLE_ROWS = 1_000  # rows the `table` format renders; csv/json/parquet write them all
+COUNT_LIMIT = 10_000_000  # rows left out of a table that are counted before "more than"
+_CHUNK = 10_000  # rows fetched at a time
 
 READ_ONLY_PRAGMAS = frozenset({
     "collations", "database_list", "database_size", "functions", "metadata_info", "platform",
@@ -117,7 +139,7 @@ def _check_statement(statement: Any) -> None:
 
 def _data_modifying_nodes(select_sql: str) -> set[str]:
     """INSERT/UPDATE/DELETE/MERGE nodes anywhere in the syntax tree of a SELECT-type statement."""
-    with duckdb.connect() as con:  # in-memory: only the parser is used
+    with duckdb.connect(config=QUERY_CONFIG) as con:  # in-memory: only the parser is used
         tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [select_sql]).fetchone()[0])
     if tree.get("error"):
         return set()  # not serializable; the read-only connection still refuses any write
@@ -151,17 +173,26 @@ def _plain(value: Any, *, json_column: bool = False) -> Any:
     return value
 
 
-def write_json(columns: Sequence[str], types: Sequence[str], rows: Sequence[tuple],
+def _chunks(cursor: Any) -> Iterator[list[tuple]]:
+    """The rows a DuckDB result has left, `_CHUNK` at a time."""
+    while chunk := cursor.fetchmany(_CHUNK):
+        yield chunk
+
+
+def write_json(columns: Sequence[str], types: Sequence[str], rows: Iterable[tuple],
                out: TextIO) -> None:
-    """A JSON array of objects, one per row. `JSON` columns are embedded as JSON values rather
-    than strings; timestamps are ISO 8601; anything else without a JSON form becomes a string."""
+    """A JSON array of objects, one per row, written row by row (the text `json.dump(records,
+    indent=1)` gives). `JSON` columns are embedded as JSON values rather than strings;
+    timestamps are ISO 8601; anything else without a JSON form becomes a string."""
     is_json = [t == "JSON" for t in types]
-    records = [
-        {c: _plain(v, json_column=j) for c, v, j in zip(columns, row, is_json, strict=True)}
-        for row in rows
-    ]
-    json.dump(records, out, ensure_ascii=False, default=str, indent=1)
-    out.write("\n")
+    first = True
+    for row in rows:
+        record = {c: _plain(v, json_column=j)
+                  for c, v, j in zip(columns, row, is_json, strict=True)}
+        text = json.dumps(record, ensure_ascii=False, default=str, indent=1)
+        out.write(("[\n" if first else ",\n") + textwrap.indent(text, " ", lambda _: True))
+        first = False
+    out.write("[]\n" if first else "\n]\n")
 
 
 def _csv_cell(value: Any) -> str:
@@ -176,9 +207,9 @@ def _csv_cell(value: Any) -> str:
     return str(value)
 
 
-def write_csv(columns: Sequence[str], rows: Sequence[tuple], out: TextIO) -> None:
-    """RFC 4180 CSV with a header. NULL is an empty field, booleans are `true`/`false`, lists and
-    structs are JSON text, timestamps ISO 8601."""
+def write_csv(columns: Sequence[str], rows: Iterable[tuple], out: TextIO) -> None:
+    """RFC 4180 CSV with a header, written row by row. NULL is an empty field, booleans are
+    `true`/`false`, lists and structs are JSON text, timestamps ISO 8601."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     for row in rows:
@@ -195,10 +226,22 @@ def write_table(columns: Sequence[str], rows: Sequence[tuple], console: Any) -> 
     console.print(table)
 
 
+def _left_out(cursor: Any) -> str:
+    """How many rows `cursor` has left, counted up to `COUNT_LIMIT` (fetched in chunks and
+    dropped: memory stays bounded), as text."""
+    left = 0
+    for chunk in _chunks(cursor):
+        left += len(chunk)
+        if left > COUNT_LIMIT:
+            return f"more than {COUNT_LIMIT:,}"
+    return f"{left:,}"
+
+
 def run_query(con: duckdb.DuckDBPyConnection, sql: str, fmt: str, output: Path | None,
               stdout: TextIO) -> int:
     """Check `sql` with `check_read_only`, run it on `con`, and write the result as `fmt` to
-    `output` (or `stdout`; `parquet` needs `output`). Returns the number of result rows."""
+    `output` (or `stdout`; `parquet` needs `output`). Returns the number of rows written (for
+    `table`, the rows shown: at most `TABLE_ROWS`, then a line saying how many were left out)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "parquet" and output is None:
@@ -213,18 +256,35 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str, fmt: str, output: Path |
     cursor = con.execute(statement)
     columns = [d[0] for d in cursor.description]
     types = [str(d[1]) for d in cursor.description]
-    rows = cursor.fetchall()
     with (open(output, "w", encoding="utf-8", newline="") if output else
           contextlib.nullcontext(stdout)) as out:
         if fmt == "table":
             from rich.console import Console
 
+            rows = cursor.fetchmany(TABLE_ROWS)
             # A terminal gets its own width; a file or a pipe a table whose cells are never cut
             # (rich sizes the table to its content, so nothing is padded).
             to_terminal = output is None and out.isatty()
             write_table(columns, rows, Console(file=out, width=None if to_terminal else 100_000))
-        elif fmt == "json":
-            write_json(columns, types, rows, out)
+            if len(rows) == TABLE_ROWS and (left := _left_out(cursor)) != "0":
+                out.write(f"... {left} more rows not shown: the table format shows the first "
+                          f"{TABLE_ROWS:,}; --format csv or json writes them all\n")
+            return len(rows)
+        counted = _Counted(itertools.chain.from_iterable(_chunks(cursor)))
+        if fmt == "json":
+            write_json(columns, types, counted, out)
         else:
-            write_csv(columns, rows, out)
-    return len(rows)
+            write_csv(columns, counted, out)
+    return counted.n
+
+
+class _Counted:
+    """An iterator that counts what it yields (`n`)."""
+
+    def __init__(self, items: Iterator[tuple]) -> None:
+        self.items, self.n = items, 0
+
+    def __iter__(self) -> Iterator[tuple]:
+        for item in self.items:
+            self.n += 1
+            yield item

@@ -319,11 +319,13 @@ class Store:
             cols = [d[0] for d in cur.description] if cur.description else []
             return cols, cur.fetchall()
 
-    def connect(self, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    def connect(self, *, read_only: bool,
+                config: dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
         """Open a connection to the existing store, waiting (up to `lock_timeout_s`) while another
         process holds the lock. Use it as a context manager so it is closed promptly: an open
-        connection blocks the loop (read-only) or everyone (read-write)."""
-        return self._open(read_only=read_only, must_exist=True)
+        connection blocks the loop (read-only) or everyone (read-write). `config`: DuckDB
+        settings of the connection (`task_store.sql.QUERY_CONFIG` for user queries)."""
+        return self._open(read_only=read_only, must_exist=True, config=config)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -337,14 +339,15 @@ class Store:
         finally:
             con.close()
 
-    def _open(self, *, read_only: bool, must_exist: bool) -> duckdb.DuckDBPyConnection:
+    def _open(self, *, read_only: bool, must_exist: bool,
+              config: dict[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
         if must_exist and not self.path.exists():
             raise FileNotFoundError(f"no Sentinel store at {self.path} (Store.create makes one)")
         deadline = time.monotonic() + self.lock_timeout_s
         delay, warned = 0.05, False
         while True:
             try:
-                con = duckdb.connect(str(self.path), read_only=read_only)
+                con = duckdb.connect(str(self.path), read_only=read_only, config=config or {})
                 break
             except duckdb.IOException as exc:
                 if "lock" not in str(exc).lower():

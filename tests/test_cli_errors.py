@@ -2,7 +2,8 @@
 a config file that is empty, a directory, a device, huge or not UTF-8; a config string that is
 not Unicode text; a `policy.model` that cannot be loaded (a broken config.json too); a
 `--run-dir` that is a file; a file that is not a store, and `--run-dir` given the store file
-instead of its directory."""
+instead of its directory. `sentinel sql` reads nothing but the store (no file, URL or extension)
+and its table format renders at most 1,000 rows."""
 
 from __future__ import annotations
 
@@ -207,3 +208,52 @@ def test_loop_given_the_store_file_says_which_directory_to_give(stores: dict[str
     assert f"--run-dir {stores['real']}" in result.output
     assert "Traceback" not in result.output
 
+
+# `sentinel sql` reads the store and nothing else: (query, what the error line names).
+OUTSIDE_READS = {
+    "a URL (httpfs would be installed)": ("SELECT count(*) FROM read_csv('http://127.0.0.1:9/x.csv')",
+                                          "http://127.0.0.1:9/x.csv"),
+    "a local file": ("SELECT * FROM read_csv('{tmp}/rows.csv')", "{tmp}/rows.csv"),
+    "a file by its name": ("SELECT * FROM '{tmp}/rows.csv'", "{tmp}/rows.csv"),
+}
+
+
+@pytest.mark.parametrize("name", list(OUTSIDE_READS))
+def test_sql_reads_no_file_url_or_extension(stores: dict[str, Path], tmp_path: Path,
+                                            name: str) -> None:
+    """No extension is installed or autoloaded (DuckDB would download httpfs into
+    ~/.duckdb/extensions for the URL) and no file but the store is read: one error line."""
+    query, named = (x.format(tmp=tmp_path) for x in OUTSIDE_READS[name])
+    (tmp_path / "rows.csv").write_text("a\n1\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "sentinel", "sql", query, "--run-dir", str(stores["real"])],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HOME": str(home)})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: sentinel sql reads only the run's store"), lines[0]
+    assert named in lines[0]
+    assert proc.stdout == ""
+    assert list(home.iterdir()) == []  # no ~/.duckdb/extensions
+
+
+@pytest.mark.parametrize("rows", [5000, 1000])
+def test_sql_table_shows_at_most_1000_rows(stores: dict[str, Path], rows: int) -> None:
+    """A large result in the table format: the first 1,000 rows and a line saying how many were
+    left out; csv writes every row."""
+    query = f"SELECT range AS n FROM range({rows})"
+    result = cli("sql", query, "--run-dir", str(stores["real"]))
+    assert result.exit_code == 0, (result.output, result.exception)
+    cells = [line.strip("│ ") for line in result.output.splitlines() if line.startswith("│")]
+    assert cells == [str(i) for i in range(1000)]  # the body; the header row is drawn with ┃
+    last = result.output.strip().splitlines()[-1]
+    if rows > 1000:
+        assert last == ("... 4,000 more rows not shown: the table format shows the first 1,000; "
+                        "--format csv or json writes them all")
+    else:
+        assert "not shown" not in result.output
+    csv_out = cli("sql", query, "--run-dir", str(stores["real"]), "--format", "csv")
+    assert csv_out.stdout.splitlines() == ["n", *(str(i) for i in range(rows))]
