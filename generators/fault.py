@@ -13,8 +13,7 @@ round-robin, as `mutate` does; every candidate goes through the validation pipel
 Only failures that did not get past their fault are mined (`recovered_too: false`, the default): a
 rollout that met the fault (a tool's error, not a parse error, or a truncated result) and then
 made a successful call (not `wait`) before its first erroneous step recovered, and failed later
-(in the recovery bench, most failures of `renamed` tasks called `calc` correctly and then copied
-a negative intermediate wrongly into the next call): that is a copy error for `restart`, not
+(a copy error after the remedy, docs/results.md, "The third run"): that is for `restart`, not
 more of the fault. A failure that went wrong before it met its fault is mined: for `notation`,
 a fault of the task's text, the failure is misreading `3x11*20` (calling `3*20`), never an
 error from the tool. A failure whose trajectory is not in the context counts as unrecovered.
@@ -25,17 +24,14 @@ family's own fault types), for runs whose base distribution holds few faults.
 `fresh: true` proposes a new draw of the family instead (`family.sample_spec`, its faults removed,
 then `with_fault` of the failed type): the failure picks only the fault type, never the instance.
 It separates what mining chooses (which faults) from what it trains on (variations of the failed
-instances): in the recovery bench's fifth run the mined fault tasks taught less than fresh fault
-tasks of every type (`exposure`); in the sixth, fresh draws gained +0.040 over perturbations
-and tied exposure (docs/results.md). A fresh draw that cannot carry the type (a `colon` needs a
-division: 60-70 % of this family's draws cannot carry an operator-bound type) is drawn again, up
-to `FRESH_TRIES` times; the sixth run's fresh arms gave such candidates up.
+instances; docs/results.md, "The fifth run" and "The sixth run"). A fresh draw that cannot carry
+the type (a `colon` needs a division, a `notation` a `*`) is drawn again, up to `FRESH_TRIES`
+times, before the candidate is given up (docs/results.md, "The seventh run").
 
 `shorten: true` makes the new task the sub-problem at the fault's call (`family.decompose` of the
 perturbed spec at that call; the spec itself when the family offers no decomposition), carrying
 the fault at its only call: a group's outcome then turns on the remedy, not on the copy-sensitive
-steps around it (measured: full-length fault tasks mined from failures were solved in 0.9 % of
-training rollouts, docs/results.md).
+steps around it (docs/results.md, "GRPO on fault tasks: no rise yet").
 """
 
 from __future__ import annotations

@@ -17,19 +17,18 @@ drawn without replacement with probability proportional to p(1-p) + `learnabilit
 is the task's pass rate estimated only from the rollouts `observe` has already seen (no probe
 rollouts): the posterior mean (successes + a) / (attempts + 2a) under a Beta(a, a) prior,
 a = `learnability_prior`. A task never tried takes the pooled outcomes of the tasks of the same
-generator sharing its `target_cluster_id` (generators aiming at one cluster make tasks of very
-different difficulty: in the recovery bench, `restart` tasks were solved in 6 % of their rollouts
-where `fault` tasks of the same clusters were solved in 61 %), else of all the tasks sharing its
-`target_cluster_id`, else of its parent task, else the prior alone (p = 0.5, the largest weight:
-what nobody has tried yet is tried first). So a group the policy always or never solves (no GRPO
-signal) makes its task, and untried tasks of its cluster, unlikely to be drawn again, while the
-floor keeps every task reachable.
+generator sharing its `target_cluster_id` (generators aiming at one cluster can make tasks of
+very different difficulty, so each generator's outcomes are pooled apart first; docs/results.md,
+"The third run"), else of all the tasks sharing its `target_cluster_id`, else of its parent task,
+else the prior alone (p = 0.5, the largest weight: what nobody has tried yet is tried first). So
+a group the policy always or never solves (no GRPO signal) makes its task, and untried tasks of
+its cluster, unlikely to be drawn again, while the floor keeps every task reachable.
 
 With `balance_skills` (a skill namespace such as `recover`), the mined share is first dealt out
 evenly over the strata of the mined pool, a stratum being a task's first skill in it (`recover:T`;
-tasks without one form a stratum of their own), and `weighting` chooses within each stratum: in
-the recovery bench, learnability alone gave 61 % of the mined rollouts to one fault type while the
-remedies of the others were forgotten. The slots are dealt one at a time, round robin over the
+tasks without one form a stratum of their own), and `weighting` chooses within each stratum, so
+every stratum with tasks left gets its turn whatever `weighting` would prefer (docs/results.md,
+"The third run" and "The fifth run"). The slots are dealt one at a time, round robin over the
 strata in sorted order, a stratum with no task left passing its slots on. Every draw comes from
 the curriculum's own rng, which the state holds, so a resumed run draws as an uninterrupted one.
 Simplifications: a task's own outcomes are not shrunk towards its cluster's, and they do not decay
