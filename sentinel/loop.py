@@ -335,8 +335,11 @@ class Loop:
             batch = self.curriculum.observe(trajs)
             metrics = self.curriculum.metrics()
             fault_point("train", r)
-            with record.timed("train"):
+            with record.timed("train"), phase(
+                    self.console, f"round {r} step {step + 1}/{cfg.steps_per_round} update",
+                    1) as done:
                 metrics.update(trainer.update(batch))
+                done(1)
             metrics.update(batch_metrics(trajs))
             logger.log(trl_names(metrics), step=(r - 1) * cfg.steps_per_round + step + 1)
             step_metrics.append(metrics)
