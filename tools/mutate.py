@@ -347,6 +347,30 @@ MUTATIONS: list[Mutation] = [
     Mutation("common-cache-keyword-fixed", "trainers/common.py",
              'return "cache" if "cache" in params else "past_key_values"',
              'return "cache"', ("tests/test_trainers.py",)),
+    # -- the run survives what a tool, a plugin or a template does (#42, #43) ------------------
+    Mutation("env-tool-exception-escapes", "sentinel/env/environment.py",
+             'step.error = f"{call.name} failed: {type(exc).__name__}: {exc}"[:500]',
+             "raise", ("tests/test_sandbox.py::test_any_exception_of_a_tool_is_that_steps_error",)),
+    Mutation("sandbox-moved-dir-not-opened-up", "sentinel/env/sandbox.py",
+             "os.chmod(entry, 0o700, dir_fd=fd)", "pass",
+             # as root the rename needs no permission: the `nobody` case shows it
+             ("tests/test_sandbox.py::test_remove_tree_and_the_stale_sweep",
+              "tests/test_sandbox.py::test_any_working_directory_is_removed"
+              "[a full directory made mode 0-nobody]")),
+    Mutation("validate-unstorable-text-accepted", "generators/validate.py",
+             "if (problem := _text_problem(candidate)) is not None:", "if False:",
+             ("tests/test_generators.py::"
+              "test_text_that_cannot_be_stored_is_a_schema_rejection_that_commits",)),
+    Mutation("static-shared-prefix-unseen", "sentinel/rollout/static.py",
+             ".tril(diagonal=lcp)", ".tril(diagonal=0)", ("tests/test_static_engine.py",)),
+    Mutation("chat-tools-block-never-added", "sentinel/env/chat.py",
+             "if tools and not self.renders_tools:", "if False:",
+             ("tests/test_pretrained.py::test_tools_block_where_the_template_drops_tools",)),
+    Mutation("pretrained-any-record-reused", "sentinel/pretrained.py",
+             'if json.loads(record.read_text()).get("sha256") == checksum:', "if True:",
+             ("tests/test_pretrained.py::test_a_record_that_does_not_match_is_never_used",)),
+    Mutation("progress-no-heartbeat", "sentinel/progress.py",
+             "while not stop.wait(LOG_EVERY_S):", "while False:", ("tests/test_progress.py",)),
 ]
 
 
